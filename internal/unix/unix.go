@@ -1,0 +1,241 @@
+//go:build linux
+
+// Package unix is the only importer of golang.org/x/sys/unix: the thin
+// syscall layer under the verbs providers and the software HCA. It wraps
+// errnos so that callers match them with errors.Is, and it owns the few
+// places where raw addresses become Go memory.
+package unix
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Errno values used across the project. They are syscall.Errno, so
+// errors.Is(err, syscall.EBUSY) and errors.Is(err, unix.EBUSY) agree.
+const (
+	E2BIG      = unix.E2BIG
+	EACCES     = unix.EACCES
+	EAGAIN     = unix.EAGAIN
+	EBADF      = unix.EBADF
+	EBUSY      = unix.EBUSY
+	EEXIST     = unix.EEXIST
+	EFAULT     = unix.EFAULT
+	EINVAL     = unix.EINVAL
+	EIO        = unix.EIO
+	EMFILE     = unix.EMFILE
+	ENODEV     = unix.ENODEV
+	ENOENT     = unix.ENOENT
+	ENOMEM     = unix.ENOMEM
+	ENOSPC     = unix.ENOSPC
+	ENOSYS     = unix.ENOSYS
+	EOPNOTSUPP = unix.EOPNOTSUPP
+	EPERM      = unix.EPERM
+	EPROTO     = unix.EPROTO
+	ESRCH      = unix.ESRCH
+)
+
+// Errno is a system error number.
+type Errno = syscall.Errno
+
+// wrappedErrno hides an Errno behind a type of its own, so that code has to
+// use errors.Is rather than ==, and a message can say what failed.
+type wrappedErrno struct {
+	errno Errno
+	msg   string
+}
+
+func (e *wrappedErrno) Error() string {
+	if e.msg == "" {
+		return e.errno.Error()
+	}
+	return e.msg + ": " + e.errno.Error()
+}
+
+func (e *wrappedErrno) Unwrap() error { return e.errno }
+
+// WrapErrno wraps err when it is a bare Errno and returns other errors as
+// they are.
+func WrapErrno(err error) error {
+	var e Errno
+	if errors.As(err, &e) && err == error(e) {
+		return &wrappedErrno{errno: e}
+	}
+	return err
+}
+
+// Error returns an error that says msg and matches errno with errors.Is.
+func Error(errno Errno, msg string) error {
+	return &wrappedErrno{errno: errno, msg: msg}
+}
+
+// Errorf is Error with formatting.
+func Errorf(errno Errno, format string, args ...any) error {
+	return &wrappedErrno{errno: errno, msg: fmt.Sprintf(format, args...)}
+}
+
+// PageSize is the system page size.
+var PageSize = os.Getpagesize()
+
+// MmapAnon maps n bytes (rounded up to pages) of private anonymous memory,
+// readable and writable, page aligned and zeroed.
+func MmapAnon(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, Error(EINVAL, "mmap: empty length")
+	}
+	b, err := unix.Mmap(-1, 0, roundPage(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, Error(asErrno(err), "mmap")
+	}
+	return b[:n], nil
+}
+
+// MmapShared maps n bytes of fd at offset off, shared and read-write.
+func MmapShared(fd int, off int64, n int) ([]byte, error) {
+	b, err := unix.Mmap(fd, off, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, Error(asErrno(err), "mmap shared")
+	}
+	return b, nil
+}
+
+// Munmap unmaps memory returned by MmapAnon or MmapShared.
+func Munmap(b []byte) error {
+	if cap(b) == 0 {
+		return nil
+	}
+	if err := unix.Munmap(b[:cap(b)]); err != nil {
+		return Error(asErrno(err), "munmap")
+	}
+	return nil
+}
+
+func roundPage(n int) int { return (n + PageSize - 1) &^ (PageSize - 1) }
+
+// AddrOf returns the address of the first byte of b (0 for an empty slice).
+func AddrOf(b []byte) uintptr {
+	if cap(b) == 0 {
+		return 0
+	}
+	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+}
+
+// Bytes returns the n bytes of this process's memory at addr as a slice.
+// The caller guarantees that the memory is mapped, stays mapped while the
+// slice is used, and is not Go heap memory that could be freed. It is how the
+// in-process software HCA reaches memory that was registered with it.
+func Bytes(addr uintptr, n int) []byte {
+	if n == 0 {
+		return nil
+	}
+	// Load the address as a pointer instead of converting the integer, which
+	// is the documented way to refer to memory the Go runtime did not
+	// allocate without tripping the unsafe-pointer checks.
+	p := *(*unsafe.Pointer)(unsafe.Pointer(&addr))
+	return unsafe.Slice((*byte)(p), n)
+}
+
+// ProcessVMRead copies len(local) bytes from remote address addr of process
+// pid into local.
+func ProcessVMRead(pid int, local []byte, addr uint64) error {
+	if len(local) == 0 {
+		return nil
+	}
+	l := []unix.Iovec{{Base: &local[0]}}
+	l[0].SetLen(len(local))
+	r := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(local)}}
+	n, err := unix.ProcessVMReadv(pid, l, r, 0)
+	if err != nil {
+		return Errorf(asErrno(err), "process_vm_readv of %d bytes at %#x in pid %d", len(local), addr, pid)
+	}
+	if n != len(local) {
+		return Errorf(EFAULT, "process_vm_readv: %d of %d bytes at %#x in pid %d", n, len(local), addr, pid)
+	}
+	return nil
+}
+
+// ProcessVMWrite copies local to remote address addr of process pid.
+func ProcessVMWrite(pid int, local []byte, addr uint64) error {
+	if len(local) == 0 {
+		return nil
+	}
+	l := []unix.Iovec{{Base: &local[0]}}
+	l[0].SetLen(len(local))
+	r := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(local)}}
+	n, err := unix.ProcessVMWritev(pid, l, r, 0)
+	if err != nil {
+		return Errorf(asErrno(err), "process_vm_writev of %d bytes at %#x in pid %d", len(local), addr, pid)
+	}
+	if n != len(local) {
+		return Errorf(EFAULT, "process_vm_writev: %d of %d bytes at %#x in pid %d", n, len(local), addr, pid)
+	}
+	return nil
+}
+
+// Socketpair returns a connected pair of close-on-exec unix sockets of the
+// given type (unix.SOCK_SEQPACKET, ...).
+func Socketpair(typ int) ([2]int, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, typ|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fds, Error(asErrno(err), "socketpair")
+	}
+	return fds, nil
+}
+
+// Socket types for Socketpair.
+const (
+	SOCK_SEQPACKET = unix.SOCK_SEQPACKET
+	SOCK_STREAM    = unix.SOCK_STREAM
+	SOCK_DGRAM     = unix.SOCK_DGRAM
+)
+
+// SetNonblock puts fd in non-blocking mode.
+func SetNonblock(fd int) error {
+	if err := unix.SetNonblock(fd, true); err != nil {
+		return Error(asErrno(err), "set non-blocking")
+	}
+	return nil
+}
+
+// Close closes fd.
+func Close(fd int) error {
+	if err := unix.Close(fd); err != nil {
+		return Error(asErrno(err), "close")
+	}
+	return nil
+}
+
+// Write writes b to fd without blocking semantics of its own.
+func Write(fd int, b []byte) (int, error) {
+	n, err := unix.Write(fd, b)
+	if err != nil {
+		return n, WrapErrno(err)
+	}
+	return n, nil
+}
+
+// Getpid returns the process id.
+func Getpid() int { return unix.Getpid() }
+
+// OpenRDWR opens path read-write and close-on-exec.
+func OpenRDWR(path string) (int, error) {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, Errorf(asErrno(err), "open %s", path)
+	}
+	return fd, nil
+}
+
+// asErrno extracts the Errno of a failed system call.
+func asErrno(err error) Errno {
+	var e Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return EIO
+}

@@ -1,0 +1,507 @@
+//go:build linux
+
+package mlx4
+
+import (
+	"fmt"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+
+	"github.com/xrcrun/xrc/internal/mlx4abi"
+	"github.com/xrcrun/xrc/internal/mlx4hw"
+	"github.com/xrcrun/xrc/internal/unix"
+	"github.com/xrcrun/xrc/internal/uverbs"
+	"github.com/xrcrun/xrc/verbs"
+)
+
+// wq is one work queue of a QP: a ring of fixed-size WQE slots in the QP
+// buffer, with the wr_id of each posted request.
+type wq struct {
+	buf     []byte // the ring, a slice of the QP buffer
+	cnt     uint32 // slots, a power of two
+	shift   uint   // log2 of the slot size
+	maxPost uint32 // requests that may be outstanding
+	maxGS   int
+	head    uint32        // guarded by the queue's post lock: next slot to fill
+	tail    atomic.Uint32 // advanced by polling: oldest outstanding slot
+	wrid    []uint64
+}
+
+func (q *wq) slot(i uint32) []byte {
+	off := int(i&(q.cnt-1)) << q.shift
+	return q.buf[off : off+1<<q.shift]
+}
+
+// full reports whether n more requests would overflow the queue.
+func (q *wq) full(n uint32) bool { return q.head+n-q.tail.Load() >= q.maxPost }
+
+// retire completes the send WQE at index: WQEs before it (unsignaled ones)
+// complete with it.
+func (q *wq) retire(index uint16) uint64 {
+	t := q.tail.Load()
+	t += uint32(index - uint16(t))
+	id := q.wrid[t&(q.cnt-1)]
+	q.tail.Store(t + 1)
+	return id
+}
+
+// retireNext completes the oldest receive WQE.
+func (q *wq) retireNext() uint64 {
+	t := q.tail.Load()
+	id := q.wrid[t&(q.cnt-1)]
+	q.tail.Store(t + 1)
+	return id
+}
+
+// QP is a queue pair.
+type QP struct {
+	ctx    *Context
+	handle uint32
+	qpn    uint32
+	typ    verbs.QPType
+	buf    []byte // the QP buffer: both rings
+	rqDB   []byte // receive doorbell record, nil without a receive queue
+	sendCQ *CQ
+	recvCQ *CQ
+	srq    *SRQ
+	cap    verbs.QPCap
+
+	sqMu      sync.Mutex
+	sq        wq
+	spare     uint32 // headroom slots kept free for prefetch
+	maxInline int
+	sigAll    uint32 // CtrlCQUpdate when every request is signaled
+
+	rqMu sync.Mutex
+	rq   wq
+}
+
+// sqWQEShift sizes send WQE slots as libmlx4 does: room for the control
+// segment, the remote address segment and either the SGEs or the inline
+// data, at least an atomic request, in whole basic blocks.
+func sqWQEShift(c verbs.QPCap) uint {
+	inlSegs := func(data int) int {
+		data += (mlx4hw.CtrlSegSize + mlx4hw.RaddrSegSize) % mlx4hw.InlineAlign
+		return (data + mlx4hw.InlineAlign - mlx4hw.InlineHdrSize - 1) / (mlx4hw.InlineAlign - mlx4hw.InlineHdrSize)
+	}
+	inl := int(c.MaxInlineData)
+	maxGS := (inl + inlSegs(inl)*mlx4hw.InlineHdrSize + mlx4hw.DataSegSize - 1) / mlx4hw.DataSegSize
+	maxGS = max(maxGS, int(c.MaxSendSGE))
+	size := maxGS*mlx4hw.DataSegSize + mlx4hw.RaddrSegSize
+	size = max(size, mlx4hw.AtomicSegSize+mlx4hw.RaddrSegSize+mlx4hw.DataSegSize)
+	size += mlx4hw.CtrlSegSize
+	shift := uint(6)
+	for 1<<shift < size {
+		shift++
+	}
+	return shift
+}
+
+func roundPow2(n uint32) uint32 {
+	if n <= 1 {
+		return 1
+	}
+	return 1 << bits.Len32(n-1)
+}
+
+// CreateQP lays out the QP buffer, allocates it and the receive doorbell
+// record, and issues CREATE_QP.
+func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
+	c := pd.ctx
+	if attr.Type != verbs.QPTRC && attr.Type != verbs.QPTUC {
+		return nil, unix.Errorf(unix.EOPNOTSUPP, "qp type %v", attr.Type)
+	}
+	dev, err := c.deviceAttr()
+	if err != nil {
+		return nil, err
+	}
+	cp := attr.Cap
+	if cp.MaxSendWR > dev.MaxQPWR || cp.MaxRecvWR > dev.MaxQPWR || cp.MaxSendSGE > dev.MaxSGE || cp.MaxRecvSGE > dev.MaxSGE {
+		return nil, unix.Errorf(unix.EINVAL, "qp capabilities %+v exceed the device's %d WRs and %d SGEs", cp, dev.MaxQPWR, dev.MaxSGE)
+	}
+	if cp.MaxInlineData > 1024 {
+		return nil, unix.Errorf(unix.EINVAL, "%d bytes of inline data, at most 1024", cp.MaxInlineData)
+	}
+	qp := &QP{ctx: c, typ: attr.Type, sendCQ: attr.SendCQ.(*CQ), recvCQ: attr.RecvCQ.(*CQ)}
+	if attr.SRQ != nil {
+		qp.srq = attr.SRQ.(*SRQ)
+	}
+	if attr.SigAll {
+		qp.sigAll = mlx4hw.CtrlCQUpdate
+	}
+
+	qp.sq.shift = sqWQEShift(cp)
+	qp.spare = (2048 >> qp.sq.shift) + 1
+	qp.sq.cnt = roundPow2(cp.MaxSendWR + qp.spare)
+	if qp.srq == nil {
+		cp.MaxRecvWR = max(cp.MaxRecvWR, 1)
+		cp.MaxRecvSGE = max(cp.MaxRecvSGE, 1)
+		qp.rq.cnt = roundPow2(cp.MaxRecvWR)
+		qp.rq.maxGS = int(roundPow2(cp.MaxRecvSGE))
+		qp.rq.shift = uint(bits.Len32(uint32(qp.rq.maxGS*mlx4hw.DataSegSize)) - 1)
+	} else {
+		cp.MaxRecvWR, cp.MaxRecvSGE = 0, 0
+	}
+	rqBytes := int(qp.rq.cnt) << qp.rq.shift
+	sqBytes := int(qp.sq.cnt) << qp.sq.shift
+	sqOff, rqOff := 0, sqBytes
+	if qp.rq.shift > qp.sq.shift {
+		rqOff, sqOff = 0, rqBytes
+	}
+	size := rqBytes + sqBytes
+	if qp.buf, err = c.k.AllocQueue((size + unix.PageSize - 1) &^ (unix.PageSize - 1)); err != nil {
+		return nil, fmt.Errorf("qp buffer: %w", err)
+	}
+	qp.sq.buf = qp.buf[sqOff : sqOff+sqBytes]
+	qp.rq.buf = qp.buf[rqOff : rqOff+rqBytes]
+	qp.sq.wrid = make([]uint64, qp.sq.cnt)
+	qp.rq.wrid = make([]uint64, qp.rq.cnt)
+	qp.initSQOwnership()
+	if qp.rq.cnt > 0 {
+		if qp.rqDB, err = c.db.alloc(); err != nil {
+			c.k.FreeQueue(qp.buf)
+			return nil, err
+		}
+	}
+
+	logCnt := uint8(bits.Len32(qp.sq.cnt) - 1)
+	req := mlx4abi.CreateQP{
+		Core: uverbs.CreateQP{
+			UserHandle: attr.Handle, PDHandle: pd.handle,
+			SendCQHandle: qp.sendCQ.handle, RecvCQHandle: qp.recvCQ.handle,
+			MaxSendWR: cp.MaxSendWR, MaxRecvWR: cp.MaxRecvWR, MaxSendSGE: cp.MaxSendSGE,
+			MaxRecvSGE: cp.MaxRecvSGE, MaxInlineData: cp.MaxInlineData,
+			QPType: uint8(attr.Type),
+		},
+		Drv: mlx4abi.IBCreateQP{
+			BufAddr: uint64(unix.AddrOf(qp.buf)), LogSQBbCount: logCnt, LogSQStride: uint8(qp.sq.shift),
+		},
+	}
+	if attr.SigAll {
+		req.Core.SQSigAll = 1
+	}
+	if qp.srq != nil {
+		req.Core.SRQHandle = qp.srq.handle
+		req.Core.IsSRQ = 1
+	}
+	if qp.rqDB != nil {
+		req.Drv.DBAddr = uint64(unix.AddrOf(qp.rqDB))
+	}
+	var r uverbs.CreateQPResp
+	if err := uverbs.Exec(c.conn, uverbs.CmdCreateQP, &req, &r); err != nil {
+		qp.free()
+		return nil, err
+	}
+	qp.handle, qp.qpn = r.QPHandle, r.QPN
+
+	// The sizes the queues really have.
+	qp.rq.maxPost = qp.rq.cnt
+	wqeSize := 1<<qp.sq.shift - mlx4hw.CtrlSegSize - mlx4hw.RaddrSegSize
+	qp.sq.maxGS = wqeSize / mlx4hw.DataSegSize
+	qp.sq.maxPost = qp.sq.cnt - qp.spare
+	qp.maxInline = wqeSize - mlx4hw.InlineHdrSize*((wqeSize+mlx4hw.InlineAlign-1)/mlx4hw.InlineAlign)
+	qp.cap = verbs.QPCap{
+		MaxSendWR: qp.sq.maxPost, MaxRecvWR: qp.rq.maxPost, MaxSendSGE: uint32(qp.sq.maxGS),
+		MaxRecvSGE: uint32(qp.rq.maxGS), MaxInlineData: uint32(qp.maxInline),
+	}
+	c.storeQP(qp)
+	return qp, nil
+}
+
+func (qp *QP) free() {
+	if qp.rqDB != nil {
+		qp.ctx.db.release(qp.rqDB)
+	}
+	qp.ctx.k.FreeQueue(qp.buf)
+}
+
+// initSQOwnership marks every send slot as owned by the device for the
+// first pass (so it is not executed) and stamps it against prefetch.
+func (qp *QP) initSQOwnership() {
+	for i := uint32(0); i < qp.sq.cnt; i++ {
+		w := qp.sq.slot(i)
+		w[7] = byte(1 << (qp.sq.shift - 4))
+		mlx4hw.StoreBE32(w, mlx4hw.OwnerBit)
+		qp.stamp(i)
+	}
+}
+
+// stamp writes 0xffffffff at the start of every 64-byte block but the first
+// of slot i, so that a prefetching device never takes stale data for a
+// valid segment.
+func (qp *QP) stamp(i uint32) {
+	w := qp.sq.slot(i)
+	ds := int(w[7]&0x3f) * 16
+	for off := 64; off < ds; off += 64 {
+		mlx4hw.StoreBE32(w[off:], 0xffffffff)
+	}
+}
+
+// Num is the QP number.
+func (qp *QP) Num() uint32 { return qp.qpn }
+
+// Cap is the actual queue sizes.
+func (qp *QP) Cap() verbs.QPCap { return qp.cap }
+
+var sendOpcodes = [...]uint8{
+	verbs.WRRDMAWrite:        mlx4hw.OpRDMAWrite,
+	verbs.WRRDMAWriteWithImm: mlx4hw.OpRDMAWriteImm,
+	verbs.WRSend:             mlx4hw.OpSend,
+	verbs.WRSendWithImm:      mlx4hw.OpSendImm,
+	verbs.WRRDMARead:         mlx4hw.OpRDMARead,
+	verbs.WRAtomicCmpAndSwp:  mlx4hw.OpAtomicCS,
+	verbs.WRAtomicFetchAdd:   mlx4hw.OpAtomicFA,
+}
+
+// PostSend builds one WQE per request and rings the send doorbell once.
+func (qp *QP) PostSend(wr *verbs.SendWR) error {
+	qp.sqMu.Lock()
+	defer qp.sqMu.Unlock()
+	var err error
+	n := uint32(0)
+	ind := qp.sq.head
+	for ; wr != nil; wr, n = wr.Next, n+1 {
+		if err = qp.checkSend(wr, n); err != nil {
+			break
+		}
+		w := qp.sq.slot(ind)
+		qp.sq.wrid[ind&(qp.sq.cnt-1)] = wr.WRID
+		op := sendOpcodes[wr.Opcode]
+		off := mlx4hw.CtrlSegSize
+		switch op {
+		case mlx4hw.OpAtomicCS:
+			mlx4hw.PutRaddrSeg(w[off:], wr.RemoteAddr, wr.RKey)
+			mlx4hw.PutAtomicSeg(w[off+mlx4hw.RaddrSegSize:], wr.Swap, wr.CompareAdd)
+			off += mlx4hw.RaddrSegSize + mlx4hw.AtomicSegSize
+		case mlx4hw.OpAtomicFA:
+			mlx4hw.PutRaddrSeg(w[off:], wr.RemoteAddr, wr.RKey)
+			mlx4hw.PutAtomicSeg(w[off+mlx4hw.RaddrSegSize:], wr.CompareAdd, 0)
+			off += mlx4hw.RaddrSegSize + mlx4hw.AtomicSegSize
+		case mlx4hw.OpRDMAWrite, mlx4hw.OpRDMAWriteImm, mlx4hw.OpRDMARead:
+			mlx4hw.PutRaddrSeg(w[off:], wr.RemoteAddr, wr.RKey)
+			off += mlx4hw.RaddrSegSize
+		}
+		if wr.Flags&verbs.SendInline != 0 && len(wr.SG) > 0 {
+			off = putInline(w, off, wr.SG)
+		} else {
+			for i := len(wr.SG) - 1; i >= 0; i-- {
+				s := &wr.SG[i]
+				mlx4hw.PutDataSeg(w[off+i*mlx4hw.DataSegSize:], s.Length, s.LKey, s.Addr)
+			}
+			off += len(wr.SG) * mlx4hw.DataSegSize
+		}
+		flags := qp.sigAll
+		if wr.Flags&verbs.SendSignaled != 0 {
+			flags |= mlx4hw.CtrlCQUpdate
+		}
+		if wr.Flags&verbs.SendSolicited != 0 {
+			flags |= mlx4hw.CtrlSolicit
+		}
+		var imm uint32
+		if op == mlx4hw.OpSendImm || op == mlx4hw.OpRDMAWriteImm {
+			imm = wr.Imm
+		}
+		mlx4hw.PutCtrl(w, (off+15)/16, wr.Flags&verbs.SendFence != 0, flags, imm)
+		owner := uint32(0)
+		if ind&qp.sq.cnt != 0 {
+			owner = mlx4hw.OwnerBit
+		}
+		// The owner word goes last: from here the device may run the WQE.
+		mlx4hw.StoreBE32(w, uint32(op)|owner)
+		if wr.Next != nil {
+			qp.stamp((ind + qp.spare) & (qp.sq.cnt - 1))
+		}
+		ind++
+	}
+	if n > 0 {
+		qp.sq.head = ind
+		qp.ctx.uar.Write32(mlx4hw.UARSendDoorbell, qp.qpn<<8)
+		qp.stamp((ind + qp.spare - 1) & (qp.sq.cnt - 1))
+	}
+	return err
+}
+
+// checkSend validates request n of a post before any of it is written.
+func (qp *QP) checkSend(wr *verbs.SendWR, n uint32) error {
+	fail := func(errno unix.Errno, format string, args ...any) error {
+		return &verbs.PostError{Index: int(n), Err: unix.Errorf(errno, format, args...)}
+	}
+	if qp.sq.full(n + 1) {
+		return fail(unix.ENOMEM, "send queue full (%d outstanding)", qp.sq.maxPost)
+	}
+	if int(wr.Opcode) >= len(sendOpcodes) {
+		return fail(unix.EINVAL, "opcode %v", wr.Opcode)
+	}
+	if wr.Flags&verbs.SendInline != 0 {
+		total := 0
+		for _, s := range wr.SG {
+			total += int(s.Length)
+		}
+		if total > qp.maxInline {
+			return fail(unix.ENOMEM, "%d bytes of inline data, QP takes %d", total, qp.maxInline)
+		}
+		if wr.Opcode == verbs.WRRDMARead || wr.Opcode == verbs.WRAtomicCmpAndSwp || wr.Opcode == verbs.WRAtomicFetchAdd {
+			return fail(unix.EINVAL, "inline %v", wr.Opcode)
+		}
+	} else if len(wr.SG) > qp.sq.maxGS {
+		return fail(unix.ENOMEM, "%d SGEs, QP takes %d", len(wr.SG), qp.sq.maxGS)
+	}
+	return nil
+}
+
+// putInline copies the SG list's data into inline segments starting at off,
+// never letting a segment cross a 64-byte boundary, and returns the end.
+func putInline(w []byte, off int, sg []verbs.SGE) int {
+	hdr := off // the current segment's header
+	off += mlx4hw.InlineHdrSize
+	seg := 0 // bytes in the current segment
+	for _, s := range sg {
+		src := unix.Bytes(uintptr(s.Addr), int(s.Length))
+		for len(src) > 0 {
+			room := mlx4hw.InlineAlign - off%mlx4hw.InlineAlign
+			n := copy(w[off:off+min(room, len(src))], src)
+			src, off, seg = src[n:], off+n, seg+n
+			if off%mlx4hw.InlineAlign == 0 { // at a boundary: the next segment starts here
+				mlx4hw.StoreBE32(w[hdr:], mlx4hw.InlineFlag|uint32(seg))
+				hdr, off, seg = off, off+mlx4hw.InlineHdrSize, 0
+			}
+		}
+	}
+	if seg == 0 {
+		return hdr // the last header opened holds no data
+	}
+	mlx4hw.StoreBE32(w[hdr:], mlx4hw.InlineFlag|uint32(seg))
+	return off
+}
+
+// PostRecv writes receive WQEs and publishes the new head in the doorbell
+// record.
+func (qp *QP) PostRecv(wr *verbs.RecvWR) error {
+	if qp.srq != nil || qp.rq.cnt == 0 {
+		return &verbs.PostError{Index: 0, Err: unix.Error(unix.EINVAL, "qp has no receive queue")}
+	}
+	qp.rqMu.Lock()
+	defer qp.rqMu.Unlock()
+	var err error
+	n := uint32(0)
+	for ; wr != nil; wr, n = wr.Next, n+1 {
+		if qp.rq.full(n + 1) {
+			err = &verbs.PostError{Index: int(n), Err: unix.Error(unix.ENOMEM, "receive queue full")}
+			break
+		}
+		if len(wr.SG) > qp.rq.maxGS {
+			err = &verbs.PostError{Index: int(n), Err: unix.Errorf(unix.EINVAL, "%d SGEs, QP takes %d", len(wr.SG), qp.rq.maxGS)}
+			break
+		}
+		i := qp.rq.head + n
+		putRecvSG(qp.rq.slot(i), wr.SG, qp.rq.maxGS)
+		qp.rq.wrid[i&(qp.rq.cnt-1)] = wr.WRID
+	}
+	if n > 0 {
+		qp.rq.head += n
+		mlx4hw.StoreBE32(qp.rqDB, qp.rq.head&0xffff)
+	}
+	return err
+}
+
+func destFromAH(a *verbs.AHAttr) uverbs.QPDest {
+	return uverbs.QPDest{
+		DGID: a.GRH.DGID, FlowLabel: a.GRH.FlowLabel, DLID: a.DLID, SGIDIndex: a.GRH.SGIDIndex,
+		HopLimit: a.GRH.HopLimit, TrafficClass: a.GRH.TrafficClass, SL: a.SL, SrcPathBits: a.SrcPathBits,
+		StaticRate: a.StaticRate, IsGlobal: b2u(a.IsGlobal), PortNum: a.Port,
+	}
+}
+
+func ahFromDest(d *uverbs.QPDest) verbs.AHAttr {
+	return verbs.AHAttr{
+		GRH: verbs.GlobalRoute{DGID: d.DGID, FlowLabel: d.FlowLabel, SGIDIndex: d.SGIDIndex,
+			HopLimit: d.HopLimit, TrafficClass: d.TrafficClass},
+		DLID: d.DLID, SL: d.SL, SrcPathBits: d.SrcPathBits, StaticRate: d.StaticRate,
+		IsGlobal: d.IsGlobal != 0, Port: d.PortNum,
+	}
+}
+
+func b2u(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Modify issues MODIFY_QP. Moving to RESET also resets the rings and
+// removes the QP's unpolled CQEs, as libmlx4 does.
+func (qp *QP) Modify(a *verbs.QPAttr, mask verbs.QPAttrMask) error {
+	req := uverbs.Cmd[uverbs.ModifyQP]{Core: uverbs.ModifyQP{
+		Dest: destFromAH(&a.AH), AltDest: destFromAH(&a.AltAH),
+		QPHandle: qp.handle, AttrMask: uint32(mask), Qkey: a.Qkey, RQPSN: a.RQPSN, SQPSN: a.SQPSN,
+		DestQPNum: a.DestQPN, QPAccessFlags: uint32(a.AccessFlags), PkeyIndex: a.PkeyIndex,
+		AltPkeyIndex: a.AltPkeyIndex, QPState: uint8(a.State), CurQPState: uint8(a.CurState),
+		PathMTU: uint8(a.PathMTU), PathMigState: a.PathMigState, EnSQDAsyncNotify: b2u(a.EnSQDAsyncNotify),
+		MaxRdAtomic: a.MaxRdAtomic, MaxDestRdAtomic: a.MaxDestRdAtomic, MinRNRTimer: a.MinRNRTimer,
+		PortNum: a.Port, Timeout: a.Timeout, RetryCnt: a.RetryCnt, RNRRetry: a.RNRRetry,
+		AltPortNum: a.AltPort, AltTimeout: a.AltTimeout,
+	}}
+	if err := uverbs.ExecNoResp(qp.ctx.conn, uverbs.CmdModifyQP, &req); err != nil {
+		return err
+	}
+	if mask&verbs.QPAttrState != 0 && a.State == verbs.QPSReset {
+		qp.reset()
+	}
+	return nil
+}
+
+// reset empties both rings after the device has forgotten them.
+func (qp *QP) reset() {
+	qp.recvCQ.clean(qp.qpn, qp.srq)
+	if qp.sendCQ != qp.recvCQ {
+		qp.sendCQ.clean(qp.qpn, nil)
+	}
+	qp.sqMu.Lock()
+	qp.sq.head = 0
+	qp.sq.tail.Store(0)
+	qp.initSQOwnership()
+	qp.sqMu.Unlock()
+	qp.rqMu.Lock()
+	qp.rq.head = 0
+	qp.rq.tail.Store(0)
+	if qp.rqDB != nil {
+		mlx4hw.StoreBE32(qp.rqDB, 0)
+	}
+	qp.rqMu.Unlock()
+}
+
+// Query issues QUERY_QP.
+func (qp *QP) Query(mask verbs.QPAttrMask) (verbs.QPAttr, verbs.QPCap, error) {
+	req := uverbs.Cmd[uverbs.QueryQP]{Core: uverbs.QueryQP{QPHandle: qp.handle, AttrMask: uint32(mask)}}
+	var r uverbs.QueryQPResp
+	if err := uverbs.Exec(qp.ctx.conn, uverbs.CmdQueryQP, &req, &r); err != nil {
+		return verbs.QPAttr{}, verbs.QPCap{}, err
+	}
+	a := verbs.QPAttr{
+		State: verbs.QPState(r.QPState), CurState: verbs.QPState(r.CurQPState), PathMTU: verbs.MTU(r.PathMTU),
+		PathMigState: r.PathMigState, Qkey: r.Qkey, RQPSN: r.RQPSN, SQPSN: r.SQPSN, DestQPN: r.DestQPNum,
+		AccessFlags: verbs.Access(r.QPAccessFlags), AH: ahFromDest(&r.Dest), AltAH: ahFromDest(&r.AltDest),
+		PkeyIndex: r.PkeyIndex, AltPkeyIndex: r.AltPkeyIndex, SQDraining: r.SQDraining != 0,
+		MaxRdAtomic: r.MaxRdAtomic, MaxDestRdAtomic: r.MaxDestRdAtomic, MinRNRTimer: r.MinRNRTimer,
+		Port: r.PortNum, Timeout: r.Timeout, RetryCnt: r.RetryCnt, RNRRetry: r.RNRRetry,
+		AltPort: r.AltPortNum, AltTimeout: r.AltTimeout, Cap: qp.cap,
+	}
+	return a, qp.cap, nil
+}
+
+// Destroy issues DESTROY_QP and frees the rings.
+func (qp *QP) Destroy() error {
+	req := uverbs.Cmd[uverbs.DestroyQP]{Core: uverbs.DestroyQP{QPHandle: qp.handle}}
+	var r uverbs.DestroyQPResp
+	if err := uverbs.Exec(qp.ctx.conn, uverbs.CmdDestroyQP, &req, &r); err != nil {
+		return err
+	}
+	qp.recvCQ.clean(qp.qpn, qp.srq)
+	if qp.sendCQ != qp.recvCQ {
+		qp.sendCQ.clean(qp.qpn, nil)
+	}
+	qp.ctx.forgetQP(qp.qpn)
+	qp.free()
+	return nil
+}

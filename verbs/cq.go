@@ -1,0 +1,139 @@
+package verbs
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync/atomic"
+	"syscall"
+)
+
+// CompChannel delivers completion events of the CQs attached to it.
+type CompChannel struct {
+	ctx    *Context
+	ops    ProviderChannel
+	handle uint64
+	cqs    atomic.Int32 // live CQs attached
+	life   lifecycle
+}
+
+// CreateCompChannel creates a completion event channel.
+func (c *Context) CreateCompChannel() (*CompChannel, error) {
+	h, err := c.register()
+	if err != nil {
+		return nil, fmt.Errorf("create comp channel: %w", err)
+	}
+	ops, err := c.prov.CreateCompChannel()
+	if err != nil {
+		c.unregister(h)
+		return nil, fmt.Errorf("create comp channel: %w", err)
+	}
+	return &CompChannel{ctx: c, ops: ops, handle: h}, nil
+}
+
+// GetEvent waits until a CQ attached to the channel has a completion event,
+// or until ctx is done, and returns the CQ. The CQ must be armed again (and
+// polled) to get its next event. Run one waiter per channel.
+func (ch *CompChannel) GetEvent(ctx context.Context) (*CQ, error) {
+	var buf [8]byte // struct ib_uverbs_comp_event_desc
+	for {
+		if _, err := readEvent(ctx, ch.ops.File(), buf[:]); err != nil {
+			return nil, fmt.Errorf("get cq event: %w", err)
+		}
+		if cq, ok := ch.ctx.lookup(binary.NativeEndian.Uint64(buf[:])).(*CQ); ok {
+			cq.ops.EventDelivered()
+			return cq, nil
+		}
+		// An event of a CQ closed since: skip it.
+	}
+}
+
+// Close destroys the channel. It fails with an error wrapping EBUSY while
+// CQs are attached to it.
+func (ch *CompChannel) Close() error {
+	return ch.life.close(func() error {
+		if n := ch.cqs.Load(); n > 0 {
+			return fmt.Errorf("destroy comp channel: %d CQs attached: %w", n, syscall.EBUSY)
+		}
+		if err := ch.ops.Close(); err != nil {
+			return fmt.Errorf("destroy comp channel: %w", err)
+		}
+		ch.ctx.unregister(ch.handle)
+		return nil
+	})
+}
+
+// CQ is a completion queue.
+type CQ struct {
+	ctx    *Context
+	ops    ProviderCQ
+	ch     *CompChannel
+	handle uint64
+	life   lifecycle
+}
+
+// CreateCQ creates a CQ holding at least cqe completions. ch may be nil;
+// vector selects the completion vector.
+func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
+	if cqe < 1 {
+		return nil, fmt.Errorf("create cq: %d entries: %w", cqe, syscall.EINVAL)
+	}
+	h, err := c.register()
+	if err != nil {
+		return nil, fmt.Errorf("create cq: %w", err)
+	}
+	init := CQInit{CQE: cqe, CompVector: vector, Handle: h}
+	if ch != nil {
+		init.Channel = ch.ops
+		ch.cqs.Add(1)
+	}
+	ops, err := c.prov.CreateCQ(init)
+	if err != nil {
+		if ch != nil {
+			ch.cqs.Add(-1)
+		}
+		c.unregister(h)
+		return nil, fmt.Errorf("create cq: %w", err)
+	}
+	cq := &CQ{ctx: c, ops: ops, ch: ch, handle: h}
+	c.publish(h, cq)
+	return cq, nil
+}
+
+// Poll fills wc with up to len(wc) completions, oldest first, and returns how
+// many it filled. It does not block or allocate.
+func (cq *CQ) Poll(wc []WorkCompletion) (int, error) {
+	return cq.ops.Poll(wc)
+}
+
+// RequestNotify arms the CQ: the next completion (with solicitedOnly, the
+// next solicited receive or error completion) generates one event on the
+// CQ's channel. Poll after arming, or a completion that arrived before the
+// arm may be missed.
+func (cq *CQ) RequestNotify(solicitedOnly bool) error {
+	if cq.ch == nil {
+		return fmt.Errorf("request cq notify: CQ has no completion channel: %w", syscall.EINVAL)
+	}
+	return cq.ops.Arm(solicitedOnly)
+}
+
+// CQE is the number of completions the CQ can hold.
+func (cq *CQ) CQE() int { return cq.ops.CQE() }
+
+// Channel is the CQ's completion channel, or nil.
+func (cq *CQ) Channel() *CompChannel { return cq.ch }
+
+// Close destroys the CQ. It fails with an error wrapping EBUSY while QPs or
+// SRQs use it.
+func (cq *CQ) Close() error {
+	return cq.life.close(func() error {
+		if err := cq.ops.Destroy(); err != nil {
+			return fmt.Errorf("destroy cq: %w", err)
+		}
+		if cq.ch != nil {
+			cq.ch.cqs.Add(-1)
+		}
+		cq.ctx.unregister(cq.handle)
+		return nil
+	})
+}

@@ -1,0 +1,225 @@
+package verbs
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+
+	"github.com/xrcrun/xrc/internal/qpstate"
+)
+
+// SRQ is a shared receive queue: receive buffers shared by the QPs attached
+// to it.
+type SRQ struct {
+	pd     *PD
+	ops    ProviderSRQ
+	handle uint64
+	life   lifecycle
+}
+
+// CreateSRQ creates an SRQ. attr.SRQLimit, when not zero, arms the limit
+// event at once.
+func (pd *PD) CreateSRQ(attr SRQAttr) (*SRQ, error) {
+	if attr.MaxWR == 0 || attr.MaxSGE == 0 {
+		return nil, fmt.Errorf("create srq: max_wr and max_sge must not be 0: %w", syscall.EINVAL)
+	}
+	c := pd.ctx
+	h, err := c.register()
+	if err != nil {
+		return nil, fmt.Errorf("create srq: %w", err)
+	}
+	ops, err := pd.ops.CreateSRQ(SRQInit{Attr: attr, Handle: h})
+	if err != nil {
+		c.unregister(h)
+		return nil, fmt.Errorf("create srq: %w", err)
+	}
+	srq := &SRQ{pd: pd, ops: ops, handle: h}
+	c.publish(h, srq)
+	return srq, nil
+}
+
+// PostRecv posts receive requests (wr and those chained by Next). On error,
+// the requests before the one at fault were posted; the error is a
+// *PostError naming it.
+func (s *SRQ) PostRecv(wr *RecvWR) error { return s.ops.PostRecv(wr) }
+
+// Modify arms the limit event (SRQLimit) or resizes the SRQ (SRQMaxWR,
+// where the device supports it).
+func (s *SRQ) Modify(attr SRQAttr, mask SRQAttrMask) error {
+	if mask&SRQMaxWR != 0 {
+		if err := s.pd.ctx.Supports(FeatureSRQResize); err != nil {
+			return fmt.Errorf("modify srq: %w", err)
+		}
+	}
+	if err := s.ops.Modify(attr, mask); err != nil {
+		return fmt.Errorf("modify srq: %w", err)
+	}
+	return nil
+}
+
+// Query reports the SRQ's attributes.
+func (s *SRQ) Query() (SRQAttr, error) {
+	a, err := s.ops.Query()
+	if err != nil {
+		return a, fmt.Errorf("query srq: %w", err)
+	}
+	return a, nil
+}
+
+// Num is the SRQ number.
+func (s *SRQ) Num() uint32 { return s.ops.Num() }
+
+// Close destroys the SRQ. It fails with an error wrapping EBUSY while QPs
+// use it.
+func (s *SRQ) Close() error {
+	return s.life.close(func() error {
+		if err := s.ops.Destroy(); err != nil {
+			return fmt.Errorf("destroy srq: %w", err)
+		}
+		s.pd.ctx.unregister(s.handle)
+		return nil
+	})
+}
+
+// PostError is returned by the post functions: the request at Index (0 for
+// the first of the chain) was not posted, nor were those after it.
+type PostError struct {
+	Index int
+	Err   error
+}
+
+func (e *PostError) Error() string { return fmt.Sprintf("work request %d: %v", e.Index, e.Err) }
+func (e *PostError) Unwrap() error { return e.Err }
+
+// QP is a queue pair.
+type QP struct {
+	pd     *PD
+	ops    ProviderQP
+	typ    QPType
+	handle uint64
+	life   lifecycle
+
+	mu    sync.Mutex
+	state QPState // guarded by mu: the state after the last successful Modify
+}
+
+// CreateQP creates a QP in the RESET state.
+func (pd *PD) CreateQP(attr *QPInitAttr) (*QP, error) {
+	switch attr.Type {
+	case QPTRC, QPTUC, QPTUD:
+	default:
+		return nil, fmt.Errorf("create qp: type %v: %w", attr.Type, ErrNotSupported)
+	}
+	if attr.SendCQ == nil || attr.RecvCQ == nil {
+		return nil, fmt.Errorf("create qp: %v QP needs a send CQ and a receive CQ: %w", attr.Type, syscall.EINVAL)
+	}
+	c := pd.ctx
+	h, err := c.register()
+	if err != nil {
+		return nil, fmt.Errorf("create qp: %w", err)
+	}
+	init := QPInit{Type: attr.Type, SendCQ: attr.SendCQ.ops, RecvCQ: attr.RecvCQ.ops,
+		Cap: attr.Cap, SigAll: attr.SigAll, Handle: h}
+	if attr.SRQ != nil {
+		init.SRQ = attr.SRQ.ops
+	}
+	ops, err := pd.ops.CreateQP(init)
+	if err != nil {
+		c.unregister(h)
+		return nil, fmt.Errorf("create %v qp: %w", attr.Type, err)
+	}
+	qp := &QP{pd: pd, ops: ops, typ: attr.Type, handle: h, state: QPSReset}
+	c.publish(h, qp)
+	return qp, nil
+}
+
+// Num is the QP number.
+func (qp *QP) Num() uint32 { return qp.ops.Num() }
+
+// Type is the QP's transport type.
+func (qp *QP) Type() QPType { return qp.typ }
+
+// Cap is the QP's actual queue sizes.
+func (qp *QP) Cap() QPCap { return qp.ops.Cap() }
+
+// PostSend posts send requests (wr and those chained by Next). On error,
+// the requests before the one at fault were posted; the error is a
+// *PostError naming it.
+func (qp *QP) PostSend(wr *SendWR) error { return qp.ops.PostSend(wr) }
+
+// PostRecv posts receive requests. On error, the error is a *PostError.
+func (qp *QP) PostRecv(wr *RecvWR) error { return qp.ops.PostRecv(wr) }
+
+// Modify changes the QP's attributes selected by mask. A state change
+// (QPAttrState) must follow the IB state machine and give exactly the
+// attributes the transition requires, plus optional ones it allows;
+// otherwise Modify returns a *TransitionError naming what is missing or not
+// allowed (it also matches syscall.EINVAL).
+func (qp *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	check := func(cur QPState) error {
+		if mask&QPAttrCurState != 0 {
+			cur = attr.CurState
+		}
+		next := cur
+		if mask&QPAttrState != 0 {
+			next = attr.State
+		}
+		return qpstate.Check(qp.typ, cur, next, mask)
+	}
+	err := check(qp.state)
+	if err != nil {
+		// The device may have moved the QP (to ERR, say) since our last
+		// Modify: judge against its real state before refusing.
+		if cur, qerr := qp.queryState(); qerr == nil && cur != qp.state {
+			qp.state = cur
+			err = check(cur)
+		}
+		if err != nil {
+			return fmt.Errorf("modify qp %#x: %w", qp.Num(), err)
+		}
+	}
+	if err := qp.ops.Modify(attr, mask); err != nil {
+		if errors.Is(err, syscall.EINVAL) {
+			if cur, qerr := qp.queryState(); qerr == nil && cur != qp.state {
+				qp.state = cur
+				if terr := check(cur); terr != nil {
+					return fmt.Errorf("modify qp %#x: %w", qp.Num(), terr)
+				}
+			}
+		}
+		return fmt.Errorf("modify qp %#x: %w", qp.Num(), err)
+	}
+	if mask&QPAttrState != 0 {
+		qp.state = attr.State
+	}
+	return nil
+}
+
+func (qp *QP) queryState() (QPState, error) {
+	a, _, err := qp.ops.Query(QPAttrState)
+	return a.State, err
+}
+
+// Query reports the attributes selected by mask and the QP's queue sizes.
+func (qp *QP) Query(mask QPAttrMask) (QPAttr, QPCap, error) {
+	a, c, err := qp.ops.Query(mask)
+	if err != nil {
+		return a, c, fmt.Errorf("query qp %#x: %w", qp.Num(), err)
+	}
+	return a, c, nil
+}
+
+// Close destroys the QP. Its outstanding work requests are discarded
+// without completions.
+func (qp *QP) Close() error {
+	return qp.life.close(func() error {
+		if err := qp.ops.Destroy(); err != nil {
+			return fmt.Errorf("destroy qp: %w", err)
+		}
+		qp.pd.ctx.unregister(qp.handle)
+		return nil
+	})
+}
