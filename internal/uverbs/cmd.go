@@ -183,3 +183,13 @@ func (c *Conn) exec(req []byte, respOff int, resp []byte) error {
 func ExecNoResp[Req any](c *Conn, op uint32, req *Req) error {
 	return Exec[Req, struct{}](c, op, req, nil)
 }
+
+// BytesOf returns the memory of *p as a byte slice.
+func BytesOf[T any](p *T) []byte { return bytesOf(p) }
+
+// Decode copies the start of b into a T, reporting false when b is shorter.
+func Decode[T any](b []byte) (T, bool) {
+	var t T
+	n := copy(bytesOf(&t), b)
+	return t, n == len(bytesOf(&t))
+}

@@ -1,0 +1,195 @@
+//go:build linux
+
+package softhca
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/xrcrun/xrc/internal/unix"
+)
+
+// Client is one open uverbs file of the device: the user context of one
+// process (or one verbs.Context in a process). It owns handles and the
+// objects created through them; Close destroys them all, as the kernel does
+// when the file is released.
+type Client struct {
+	d   *Device
+	mem memory
+
+	// Guarded by d.mu.
+	closed     bool
+	hasContext bool
+	objs       map[uint32]any // handle -> *pd, *mr, *cq, *srq, *qp, *compChannel
+	nextHandle uint32
+	channels   map[int32]*compChannel // by the fd number the client was given
+	asyncDev   int                    // the device's end of the async event socket
+	asyncUser  int                    // the client's end, until GET_CONTEXT hands it out
+}
+
+// memory is how the device reaches a client's memory.
+type memory interface {
+	// queue returns [addr, addr+n) of queue memory the client shares with
+	// the device, or an EFAULT error.
+	queue(addr uint64, n int) ([]byte, error)
+	// region checks that [addr, addr+n) may be registered (mapped, and
+	// writable when write is set) and returns a direct view of it when the
+	// device can access it directly, or nil.
+	region(addr, n uint64, write bool) ([]byte, error)
+	// read and write copy between the client's memory and b.
+	read(addr uint64, b []byte) error
+	write(addr uint64, b []byte) error
+	// close releases what the memory holds.
+	close()
+}
+
+// connect adds a client to the device.
+func (d *Device) connect(mem memory) (*Client, error) {
+	fds, err := unix.Socketpair(unix.SOCK_SEQPACKET)
+	if err != nil {
+		return nil, fmt.Errorf("async event socket: %w", err)
+	}
+	if err := unix.SetNonblock(fds[0]); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, err
+	}
+	c := &Client{d: d, mem: mem, objs: map[uint32]any{}, channels: map[int32]*compChannel{},
+		asyncDev: fds[0], asyncUser: fds[1]}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, ErrClosed
+	}
+	d.clients[c] = struct{}{}
+	return c, nil
+}
+
+// addObject gives obj a handle. Caller holds d.mu.
+func (c *Client) addObject(obj any) uint32 {
+	c.nextHandle++
+	c.objs[c.nextHandle] = obj
+	return c.nextHandle
+}
+
+// object finds the object of a handle with the wanted type. Caller holds
+// d.mu.
+func object[T any](c *Client, h uint32) (T, error) {
+	o, ok := c.objs[h].(T)
+	if !ok {
+		var zero T
+		return zero, unix.Errorf(unix.EINVAL, "no %T with handle %d", zero, h)
+	}
+	return o, nil
+}
+
+// asyncEvent queues an async event record for the client. Caller holds
+// d.mu.
+func (c *Client) asyncEvent(element uint64, typ uint32) {
+	if c.closed {
+		return
+	}
+	var rec [16]byte
+	putNE64(rec[0:], element)
+	putNE32(rec[8:], typ)
+	if _, err := unix.Write(c.asyncDev, rec[:]); err != nil {
+		c.d.counters.EventsDropped.Add(1)
+	}
+}
+
+// Close destroys every object of the client, in the order the kernel does
+// (QPs before the SRQs and CQs they use, MRs before PDs), and closes its
+// event files.
+func (c *Client) Close() error {
+	d := c.d
+	d.mu.Lock()
+	if c.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	var errs []error
+	destroyAll := func(kind string, destroy func(h uint32, o any) (bool, error)) {
+		for h, o := range c.objs {
+			ok, err := destroy(h, o)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("destroy %s %d: %w", kind, h, err))
+			}
+			if ok {
+				delete(c.objs, h)
+			}
+		}
+	}
+	destroyAll("qp", func(h uint32, o any) (bool, error) {
+		q, ok := o.(*qp)
+		if ok {
+			d.destroyQP(q)
+		}
+		return ok, nil
+	})
+	destroyAll("srq", func(h uint32, o any) (bool, error) {
+		s, ok := o.(*srq)
+		if ok {
+			return true, d.destroySRQ(s)
+		}
+		return false, nil
+	})
+	destroyAll("cq", func(h uint32, o any) (bool, error) {
+		q, ok := o.(*cq)
+		if ok {
+			return true, d.destroyCQ(q)
+		}
+		return false, nil
+	})
+	destroyAll("mr", func(h uint32, o any) (bool, error) {
+		m, ok := o.(*mr)
+		if ok {
+			d.destroyMR(m)
+		}
+		return ok, nil
+	})
+	destroyAll("pd", func(h uint32, o any) (bool, error) {
+		p, ok := o.(*pd)
+		if ok {
+			return true, d.destroyPD(p)
+		}
+		return false, nil
+	})
+	for fd, ch := range c.channels {
+		ch.release()
+		delete(c.channels, fd)
+	}
+	c.closed = true
+	delete(d.clients, c)
+	unix.Close(c.asyncDev)
+	if c.asyncUser >= 0 {
+		unix.Close(c.asyncUser)
+	}
+	d.mu.Unlock()
+	c.mem.close()
+	return errors.Join(errs...)
+}
+
+// compChannel is a completion event channel: a socket pair whose client end
+// the client reads struct ib_uverbs_comp_event_desc records from. The
+// device's end stays open while the client's table or a CQ refers to it.
+type compChannel struct {
+	dev  int // the device's end
+	user int // the client's end (the client closes it)
+	refs int // guarded by d.mu
+}
+
+func (ch *compChannel) send(handle uint64) error {
+	var rec [8]byte
+	putNE64(rec[:], handle)
+	_, err := unix.Write(ch.dev, rec[:])
+	return err
+}
+
+func (ch *compChannel) release() {
+	ch.refs--
+	if ch.refs == 0 {
+		unix.Close(ch.dev)
+	}
+}

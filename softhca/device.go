@@ -1,0 +1,298 @@
+//go:build linux
+
+// Package softhca is a software HCA: a device that behaves like a
+// ConnectX-3 (mlx4) adapter and the kernel driver above it, so that the
+// mlx4 provider, and everything built on verbs, runs on machines without
+// RDMA hardware.
+//
+// A Device takes the same uverbs command bytes the kernel's uverbs file
+// would, keeps handles and objects per client, validates like the kernel
+// (returning the errno the kernel would), executes WQEs from the queue
+// buffers the provider writes, moves data between registered memory regions
+// with key, bounds, access and PD checks, writes CQEs, raises async events,
+// and destroys all of a client's objects when the client goes away.
+//
+// # Ownership
+//
+// Queue buffers and doorbell records belong to the client that allocated
+// them; the device reads WQEs and doorbell records and writes CQEs into
+// them for as long as the queue exists. Registered memory belongs to the
+// client; the device reads and writes it only through a memory region, and
+// only while a work request that names it is outstanding.
+//
+// # Threading
+//
+// Each device runs one engine goroutine that owns the data path: doorbells,
+// incoming packets and timers are queued to it. Commands run on the caller's
+// goroutine. Both take the device mutex, so the state of every object is
+// changed by one goroutine at a time.
+//
+// # Debugging
+//
+// Set XRC_SOFTHCA_DEBUG=1 to log every command and every dropped packet at
+// debug level through the configured logger.
+package softhca
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/xrcrun/xrc/softhca/roce"
+)
+
+// Config describes a device.
+type Config struct {
+	// Name is the device name, as verbs lists it ("soft0").
+	Name string
+	// Addr is the port's IP address; the port's GID is derived from it.
+	Addr netip.Addr
+	// Fabric joins the devices of this process that can reach each other;
+	// nil gives the device a fabric of its own (it can still talk to
+	// itself).
+	Fabric *Fabric
+	// MTU is the port's MTU in bytes: 256, 512, 1024, 2048 or 4096
+	// (default 4096).
+	MTU int
+	// SpinIdle is how long the engine keeps polling for work after its last
+	// work before it sleeps (default 20µs; negative: never spin).
+	SpinIdle time.Duration
+	// Clock drives retransmission and RNR timers; nil is the real clock.
+	Clock Clock
+	// Logger receives the device's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Limits the device reports and enforces.
+const (
+	maxQP          = 1 << 17
+	maxQPWR        = 16384
+	maxSGE         = 32
+	maxCQ          = 1 << 16
+	maxCQE         = 1<<22 - 1
+	maxMR          = 1 << 20
+	maxPD          = 1 << 16
+	maxSRQ         = 1 << 16
+	maxSRQWR       = 16383
+	maxSRQSGE      = 31
+	maxQPRdAtom    = 16
+	maxQPInitRdAtm = 16
+	maxMRSize      = 1 << 40
+	maxInline      = 1024
+	numCompVectors = 1
+	firstQPN       = 0x48
+)
+
+// Device is a software HCA.
+type Device struct {
+	name  string
+	addr  netip.Addr
+	gid   [16]byte
+	guid  uint64
+	mtu   int
+	log   *slog.Logger
+	debug bool
+	clock Clock
+
+	fabric *Fabric
+	eng    *engine
+
+	mu      sync.Mutex // guards everything below and the state of every object
+	closed  bool
+	clients map[*Client]struct{}
+	pds     map[uint32]*pd
+	mrs     map[uint32]*mr // by key index (key >> 8)
+	cqs     map[uint32]*cq
+	srqs    map[uint32]*srq
+	qps     map[uint32]*qp
+	nextPDN uint32
+	nextMR  uint32
+	keyTag  uint8
+	nextCQN uint32
+	nextSRQ uint32
+	nextQPN uint32
+
+	counters Counters
+}
+
+// ErrClosed is returned for operations on a closed device.
+var ErrClosed = errors.New("softhca: device closed")
+
+// New creates a device and starts its engine. Close stops it.
+func New(cfg Config) (*Device, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("softhca: device needs a name")
+	}
+	if !cfg.Addr.IsValid() {
+		return nil, errors.New("softhca: device needs an address")
+	}
+	if cfg.MTU == 0 {
+		cfg.MTU = 4096
+	}
+	if mtuEnum(cfg.MTU) == 0 {
+		return nil, fmt.Errorf("softhca: invalid MTU %d", cfg.MTU)
+	}
+	if cfg.SpinIdle == 0 {
+		cfg.SpinIdle = 20 * time.Microsecond
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = realClock{}
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	h := fnv.New64a()
+	h.Write([]byte(cfg.Name))
+	h.Write(cfg.Addr.AsSlice())
+	d := &Device{
+		name: cfg.Name, addr: cfg.Addr, gid: cfg.Addr.As16(), guid: h.Sum64(),
+		mtu: cfg.MTU, log: log.With("device", cfg.Name), clock: cfg.Clock,
+		debug:   os.Getenv("XRC_SOFTHCA_DEBUG") != "",
+		clients: map[*Client]struct{}{},
+		pds:     map[uint32]*pd{}, mrs: map[uint32]*mr{}, cqs: map[uint32]*cq{},
+		srqs: map[uint32]*srq{}, qps: map[uint32]*qp{},
+		nextPDN: 1, nextMR: 1, nextCQN: 1, nextSRQ: 1, nextQPN: firstQPN,
+	}
+	d.fabric = cfg.Fabric
+	if d.fabric == nil {
+		d.fabric = NewFabric()
+	}
+	if err := d.fabric.attach(d); err != nil {
+		return nil, err
+	}
+	d.eng = newEngine(d, cfg.SpinIdle)
+	go d.eng.loop()
+	registerLocal(d)
+	return d, nil
+}
+
+// Name is the device name.
+func (d *Device) Name() string { return d.name }
+
+// GID is the port's GID.
+func (d *Device) GID() [16]byte { return d.gid }
+
+// NodeGUID is the device's node GUID.
+func (d *Device) NodeGUID() uint64 { return d.guid }
+
+// Close disconnects every client (destroying their objects), detaches the
+// device from its fabric and stops the engine.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	clients := make([]*Client, 0, len(d.clients))
+	for c := range d.clients {
+		clients = append(clients, c)
+	}
+	d.mu.Unlock()
+	var errs []error
+	for _, c := range clients {
+		errs = append(errs, c.Close())
+	}
+	unregisterLocal(d)
+	d.fabric.detach(d)
+	d.eng.stop()
+	return errors.Join(errs...)
+}
+
+// Objects counts a device's live objects.
+type Objects struct {
+	Clients, PDs, MRs, CQs, SRQs, QPs int
+}
+
+// Objects reports how many objects the device holds.
+func (d *Device) Objects() Objects {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return Objects{Clients: len(d.clients), PDs: len(d.pds), MRs: len(d.mrs), CQs: len(d.cqs),
+		SRQs: len(d.srqs), QPs: len(d.qps)}
+}
+
+// mtuEnum converts an MTU in bytes to the IB enum (0 if invalid).
+func mtuEnum(n int) uint8 {
+	for e := uint8(1); e <= 5; e++ {
+		if 128<<e == n {
+			return e
+		}
+	}
+	return 0
+}
+
+// Fabric connects the devices of one process: a packet sent to a GID is
+// delivered to the device of that GID, if any (as on a network, a packet
+// to nowhere is lost).
+type Fabric struct {
+	mu      sync.RWMutex
+	devices map[[16]byte]*Device
+}
+
+// NewFabric returns an empty fabric.
+func NewFabric() *Fabric { return &Fabric{devices: map[[16]byte]*Device{}} }
+
+func (f *Fabric) attach(d *Device) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, dup := f.devices[d.gid]; dup {
+		return fmt.Errorf("softhca: address %v already used on this fabric", d.addr)
+	}
+	f.devices[d.gid] = d
+	return nil
+}
+
+func (f *Fabric) detach(d *Device) {
+	f.mu.Lock()
+	if f.devices[d.gid] == d {
+		delete(f.devices, d.gid)
+	}
+	f.mu.Unlock()
+}
+
+// send delivers p to the device owning p.DstGID, which takes ownership of
+// p; it reports false (and keeps p) when there is none.
+func (f *Fabric) send(p *roce.Packet) bool {
+	f.mu.RLock()
+	d := f.devices[p.DstGID]
+	f.mu.RUnlock()
+	if d == nil {
+		return false
+	}
+	d.eng.deliver(p)
+	return true
+}
+
+// Clock is the time source of the device's timers.
+type Clock interface {
+	Now() time.Time
+	// AfterFunc calls f in its own goroutine after d.
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is a pending AfterFunc.
+type Timer interface {
+	Stop() bool
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                              { return time.Now() }
+func (realClock) AfterFunc(d time.Duration, f func()) Timer   { return time.AfterFunc(d, f) }
+
+// withDeviceLock runs f with the device mutex held; for tests.
+func (d *Device) withDeviceLock(f func()) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	f()
+}
+
+var _ = context.Background

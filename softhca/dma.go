@@ -1,0 +1,81 @@
+//go:build linux
+
+package softhca
+
+import (
+	"encoding/binary"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/xrcrun/xrc/softhca/roce"
+)
+
+// DMA: the device moves data between the wire and memory regions. Callers
+// have checked keys, access and bounds; an access to a client whose memory
+// went away fails and is counted, not trusted.
+
+// read copies len(dst) bytes at va of the region.
+func (m *mr) read(va uint64, dst []byte) bool {
+	off := va - m.iova
+	if m.view != nil {
+		copy(dst, m.view[off:])
+		return true
+	}
+	return m.client.mem.read(m.addr+off, dst) == nil
+}
+
+// write copies src to va of the region.
+func (m *mr) write(va uint64, src []byte) bool {
+	off := va - m.iova
+	if m.view != nil {
+		copy(m.view[off:], src)
+		return true
+	}
+	return m.client.mem.write(m.addr+off, src) == nil
+}
+
+// atomic performs a compare-and-swap or fetch-and-add on the 8 bytes at va
+// (host byte order) and returns the value before. In the device's process
+// it is atomic for the CPU too; through another process's memory it is
+// atomic with respect to this device's other atomics (IBV_ATOMIC_HCA), as
+// they all run under the device mutex. It reports false if va is not 8-byte
+// aligned in memory or the memory could not be reached.
+func (m *mr) atomic(va uint64, op roce.Opcode, swapAdd, compare uint64) (uint64, bool) {
+	off := va - m.iova
+	if m.view != nil {
+		b := m.view[off : off+8]
+		p := (*uint64)(unsafe.Pointer(unsafe.SliceData(b)))
+		if uintptr(unsafe.Pointer(p))%8 != 0 {
+			return 0, false
+		}
+		if op == roce.FetchAdd {
+			return atomic.AddUint64(p, swapAdd) - swapAdd, true
+		}
+		for {
+			old := atomic.LoadUint64(p)
+			if old != compare {
+				return old, true
+			}
+			if atomic.CompareAndSwapUint64(p, old, swapAdd) {
+				return old, true
+			}
+		}
+	}
+	if (m.addr+off)%8 != 0 {
+		return 0, false
+	}
+	var b [8]byte
+	if m.client.mem.read(m.addr+off, b[:]) != nil {
+		return 0, false
+	}
+	old := binary.NativeEndian.Uint64(b[:])
+	nv := old + swapAdd
+	if op == roce.CompareSwap {
+		if old != compare {
+			return old, true
+		}
+		nv = swapAdd
+	}
+	binary.NativeEndian.PutUint64(b[:], nv)
+	return old, m.client.mem.write(m.addr+off, b[:]) == nil
+}

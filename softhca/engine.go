@@ -1,0 +1,272 @@
+//go:build linux
+
+package softhca
+
+import (
+	"container/heap"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/xrcrun/xrc/internal/mlx4hw"
+	"github.com/xrcrun/xrc/softhca/roce"
+)
+
+// engine is the device's data path: one goroutine that rings the doorbells
+// clients write, runs requesters and responders, and fires timers.
+// Producers (clients' doorbells, other devices' packets) queue work and kick
+// it; a kick costs a channel send only while the engine sleeps, so a busy
+// engine is never woken twice.
+type engine struct {
+	d    *Device
+	spin time.Duration
+
+	qmu   sync.Mutex
+	rx    []*roce.Packet // guarded by qmu: packets delivered to the device
+	bells []doorbell     // guarded by qmu
+
+	pending  atomic.Bool // work was queued since the engine last looked
+	sleeping atomic.Bool
+	wake     chan struct{}
+	quit     chan struct{}
+	done     chan struct{}
+
+	// Owned by the engine goroutine; touched with d.mu held.
+	rxWork   []*roce.Packet
+	bellWork []doorbell
+	out      []*roce.Packet // packets to send once d.mu is released
+	runq     []*qp          // QPs whose send queue wants attention
+	acks     []*qp          // QPs owing an acknowledgement
+	timers   timerHeap
+	timer    Timer
+	timerAt  time.Time
+}
+
+// doorbell is a UAR write of a client.
+type doorbell struct {
+	c   *Client
+	off int
+	v   uint64
+}
+
+func newEngine(d *Device, spin time.Duration) *engine {
+	return &engine{d: d, spin: spin, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+}
+
+func (e *engine) stop() {
+	close(e.quit)
+	<-e.done
+}
+
+// kick tells the engine there is work.
+func (e *engine) kick() {
+	e.pending.Store(true)
+	if e.sleeping.Load() {
+		select {
+		case e.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// deliver queues a packet for the device; the device owns it from now on.
+func (e *engine) deliver(p *roce.Packet) {
+	e.qmu.Lock()
+	e.rx = append(e.rx, p)
+	e.qmu.Unlock()
+	e.kick()
+}
+
+// ring queues a UAR write.
+func (e *engine) ring(c *Client, off int, v uint64) {
+	e.qmu.Lock()
+	e.bells = append(e.bells, doorbell{c: c, off: off, v: v})
+	e.qmu.Unlock()
+	e.kick()
+}
+
+// schedule asks for a QP's send queue to be looked at in this round.
+// Caller holds d.mu (it is called from commands and from the engine).
+func (e *engine) schedule(q *qp) {
+	if !q.req.scheduled {
+		q.req.scheduled = true
+		e.runq = append(e.runq, q)
+	}
+	e.kick()
+}
+
+func (e *engine) loop() {
+	defer close(e.done)
+	idleSince := time.Now()
+	for {
+		e.pending.Store(false)
+		e.qmu.Lock()
+		e.rxWork, e.rx = e.rx, e.rxWork[:0]
+		e.bellWork, e.bells = e.bells, e.bellWork[:0]
+		e.qmu.Unlock()
+
+		e.d.mu.Lock()
+		worked := e.round()
+		e.d.mu.Unlock()
+		e.flushOut()
+
+		if worked {
+			idleSince = time.Now()
+			continue
+		}
+		if e.pending.Load() {
+			continue
+		}
+		if e.spin > 0 && time.Since(idleSince) < e.spin {
+			runtime.Gosched()
+			continue
+		}
+		e.sleeping.Store(true)
+		if e.pending.Load() {
+			e.sleeping.Store(false)
+			continue
+		}
+		select {
+		case <-e.wake:
+		case <-e.quit:
+			return
+		}
+		e.sleeping.Store(false)
+		idleSince = time.Now()
+	}
+}
+
+// round processes what was queued: doorbells, packets, due timers, and then
+// the send queues that became runnable. It reports whether there was
+// anything to do. Caller holds d.mu.
+func (e *engine) round() bool {
+	d := e.d
+	worked := len(e.bellWork) > 0 || len(e.rxWork) > 0
+	for i := range e.bellWork {
+		b := &e.bellWork[i]
+		switch b.off {
+		case mlx4hw.UARSendDoorbell:
+			q := d.qps[uint32(b.v)>>8]
+			if q == nil || q.client != b.c {
+				d.counters.BadDoorbells.Add(1)
+				break
+			}
+			e.schedule(q)
+		case mlx4hw.UARCQDoorbell:
+			d.arm(b.c, b.v)
+		default:
+			d.counters.BadDoorbells.Add(1)
+		}
+		b.c = nil
+	}
+	for i, p := range e.rxWork {
+		d.receive(p)
+		e.rxWork[i] = nil
+	}
+	now := d.clock.Now()
+	for len(e.timers) > 0 && !e.timers[0].at.After(now) {
+		t := heap.Pop(&e.timers).(timerEntry)
+		if t.q.destroyed || t.gen != t.q.req.timerGen {
+			continue
+		}
+		worked = true
+		d.timeout(t.q, now)
+	}
+	for len(e.runq) > 0 {
+		worked = true
+		runq := e.runq
+		e.runq = nil
+		for _, q := range runq {
+			q.req.scheduled = false
+			if !q.destroyed {
+				d.pump(q)
+			}
+		}
+	}
+	for _, q := range e.acks {
+		if !q.destroyed {
+			d.sendAck(q)
+		}
+		q.resp.ackDue = false
+	}
+	e.acks = e.acks[:0]
+	e.armTimer(now)
+	return worked
+}
+
+// armTimer makes sure the clock wakes the engine for the earliest timer.
+func (e *engine) armTimer(now time.Time) {
+	if len(e.timers) == 0 {
+		return
+	}
+	at := e.timers[0].at
+	if e.timer != nil && !e.timerAt.After(at) && e.timerAt.After(now) {
+		return // an earlier or equal wake-up is already set
+	}
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	e.timerAt = at
+	e.timer = e.d.clock.AfterFunc(at.Sub(now), e.kick)
+}
+
+// setTimer (re)starts a QP's requester timer; a zero time cancels it.
+// Caller holds d.mu.
+func (e *engine) setTimer(q *qp, at time.Time) {
+	q.req.timerGen++
+	q.req.timerAt = at
+	if at.IsZero() {
+		return
+	}
+	heap.Push(&e.timers, timerEntry{at: at, q: q, gen: q.req.timerGen})
+}
+
+// send queues a packet for transmission after the round.
+func (e *engine) send(p *roce.Packet) {
+	e.out = append(e.out, p)
+}
+
+func (e *engine) flushOut() {
+	d := e.d
+	for i, p := range e.out {
+		d.counters.XmitPackets.Add(1)
+		d.counters.XmitData.Add(uint64(len(p.Payload)))
+		if !d.fabric.send(p) {
+			putPacket(p) // no such destination: lost
+		}
+		e.out[i] = nil
+	}
+	e.out = e.out[:0]
+}
+
+type timerEntry struct {
+	at  time.Time
+	q   *qp
+	gen uint64
+}
+
+type timerHeap []timerEntry
+
+func (h timerHeap) Len() int           { return len(h) }
+func (h timerHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h timerHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timerEntry)) }
+func (h *timerHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
+}
+
+// The packet pool: packets carry up to 4096 bytes of payload.
+var packetPool = sync.Pool{New: func() any { return &roce.Packet{Payload: make([]byte, 0, 4096)} }}
+
+func getPacket() *roce.Packet {
+	p := packetPool.Get().(*roce.Packet)
+	buf := p.Payload[:0]
+	*p = roce.Packet{Payload: buf}
+	return p
+}
+
+func putPacket(p *roce.Packet) { packetPool.Put(p) }

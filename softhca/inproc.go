@@ -1,0 +1,159 @@
+//go:build linux
+
+package softhca
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+
+	"github.com/xrcrun/xrc/internal/unix"
+	"github.com/xrcrun/xrc/mlx4"
+	"github.com/xrcrun/xrc/verbs"
+)
+
+// Open connects a new client to the device from this process and returns
+// it as a verbs context, driven by the mlx4 provider exactly as a kernel
+// device would be.
+func (d *Device) Open(cfg verbs.Config) (*verbs.Context, error) {
+	k, err := d.Kernel()
+	if err != nil {
+		return nil, err
+	}
+	p, err := mlx4.Open(k)
+	if err != nil {
+		k.Close()
+		return nil, fmt.Errorf("open %s: %w", d.name, err)
+	}
+	return verbs.NewContext(d.name, p, cfg), nil
+}
+
+// Kernel connects a new client from this process and returns it as the
+// kernel side the mlx4 provider talks to.
+func (d *Device) Kernel() (mlx4.Kernel, error) {
+	mem := newLocalMemory()
+	c, err := d.connect(mem)
+	if err != nil {
+		return nil, err
+	}
+	return &localKernel{d: d, c: c, mem: mem}, nil
+}
+
+// localKernel is a client of a device in the same process.
+type localKernel struct {
+	d   *Device
+	c   *Client
+	mem *localMemory
+}
+
+func (k *localKernel) Name() string                 { return k.d.name }
+func (k *localKernel) Write(cmd []byte) (int, error) { return k.c.Write(cmd) }
+func (k *localKernel) Close() error                 { return k.c.Close() }
+
+func (k *localKernel) MapUAR() (mlx4.UAR, error) { return &localUAR{e: k.d.eng, c: k.c}, nil }
+
+// AllocQueue maps memory and shares it with the device.
+func (k *localKernel) AllocQueue(n int) ([]byte, error) {
+	b, err := unix.MmapAnon(n)
+	if err != nil {
+		return nil, err
+	}
+	k.mem.addQueue(b)
+	return b, nil
+}
+
+// FreeQueue stops sharing and unmaps. The provider frees queue memory only
+// after the device has destroyed the queue that used it.
+func (k *localKernel) FreeQueue(b []byte) error {
+	if !k.mem.removeQueue(b) {
+		return unix.Error(unix.EINVAL, "free of memory that is not a queue")
+	}
+	return unix.Munmap(b)
+}
+
+func (k *localKernel) EventFile(fd int32, name string) (*os.File, error) {
+	if err := unix.SetNonblock(int(fd)); err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), k.d.name+"-"+name), nil
+}
+
+func (k *localKernel) QueryGID(port uint8, index int) (verbs.GID, error) {
+	if port != 1 || index != 0 {
+		return verbs.GID{}, unix.Errorf(unix.EINVAL, "gid %d of port %d", index, port)
+	}
+	return k.d.gid, nil
+}
+
+// localUAR is the doorbell page of an in-process client: writes go straight
+// to the engine's queue.
+type localUAR struct {
+	e *engine
+	c *Client
+}
+
+func (u *localUAR) Write32(off int, v uint32) { u.e.ring(u.c, off, uint64(v)) }
+func (u *localUAR) Write64(off int, v uint64) { u.e.ring(u.c, off, v) }
+func (u *localUAR) Close() error             { return nil }
+
+// The devices of this process, for the "soft" verbs driver.
+var local struct {
+	mu      sync.Mutex
+	devices []*Device
+}
+
+func registerLocal(d *Device) {
+	local.mu.Lock()
+	local.devices = append(local.devices, d)
+	local.mu.Unlock()
+}
+
+func unregisterLocal(d *Device) {
+	local.mu.Lock()
+	local.devices = slices.DeleteFunc(local.devices, func(x *Device) bool { return x == d })
+	local.mu.Unlock()
+}
+
+func init() { verbs.RegisterDriver(softDriver{}) }
+
+// softDriver lists software HCAs. In-process devices are found in this
+// process's table.
+type softDriver struct{}
+
+func (softDriver) Name() string { return "soft" }
+
+func (softDriver) Devices() ([]verbs.DeviceInfo, error) {
+	local.mu.Lock()
+	defer local.mu.Unlock()
+	var out []verbs.DeviceInfo
+	for _, d := range local.devices {
+		out = append(out, verbs.DeviceInfo{Name: d.name, Driver: "soft", NodeGUID: d.guid, Transport: "software"})
+	}
+	return out, nil
+}
+
+func (softDriver) Open(ctx context.Context, name string, cfg verbs.Config) (verbs.Provider, error) {
+	local.mu.Lock()
+	var d *Device
+	for _, x := range local.devices {
+		if x.name == name {
+			d = x
+		}
+	}
+	local.mu.Unlock()
+	if d == nil {
+		return nil, verbs.ErrNoDevice
+	}
+	k, err := d.Kernel()
+	if err != nil {
+		return nil, err
+	}
+	p, err := mlx4.Open(k)
+	if err != nil {
+		k.Close()
+		return nil, err
+	}
+	return p, nil
+}

@@ -1,0 +1,140 @@
+//go:build linux
+
+package softhca
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/xrcrun/xrc/internal/unix"
+)
+
+// localMemory is the memory of a client in the device's own process.
+//
+// Queue memory is what the client allocated through the device (AllocQueue)
+// and registered with it; queue addresses outside it are refused, so a
+// command cannot point the device at arbitrary memory. Memory regions may be
+// any mapping the process has with the needed permissions; the device then
+// accesses them directly, which is as safe as the region's owner keeps them
+// mapped (verbs does: it pins Go memory and refuses to free Alloc'd memory
+// while registered). Command responses go through process_vm_writev on the
+// process itself, which fails cleanly on a bad address.
+type localMemory struct {
+	pid    int
+	mu     sync.Mutex
+	queues []span // guarded by mu; sorted by addr
+}
+
+type span struct {
+	addr uint64
+	b    []byte
+}
+
+func newLocalMemory() *localMemory { return &localMemory{pid: os.Getpid()} }
+
+func (m *localMemory) addQueue(b []byte) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := span{addr: uint64(unix.AddrOf(b)), b: b}
+	i, _ := slices.BinarySearchFunc(m.queues, s.addr, func(x span, a uint64) int { return cmpU64(x.addr, a) })
+	m.queues = slices.Insert(m.queues, i, s)
+}
+
+func (m *localMemory) removeQueue(b []byte) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a := uint64(unix.AddrOf(b))
+	i, ok := slices.BinarySearchFunc(m.queues, a, func(x span, a uint64) int { return cmpU64(x.addr, a) })
+	if ok {
+		m.queues = slices.Delete(m.queues, i, i+1)
+	}
+	return ok
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (m *localMemory) queue(addr uint64, n int) ([]byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i, found := slices.BinarySearchFunc(m.queues, addr, func(x span, a uint64) int { return cmpU64(x.addr, a) })
+	if !found {
+		i--
+	}
+	if i >= 0 && n >= 0 {
+		s := m.queues[i]
+		if addr >= s.addr && addr-s.addr+uint64(n) <= uint64(len(s.b)) {
+			off := addr - s.addr
+			return s.b[off : off+uint64(n) : off+uint64(n)], nil
+		}
+	}
+	return nil, unix.Errorf(unix.EFAULT, "%d bytes at %#x are not queue memory of the client", n, addr)
+}
+
+func (m *localMemory) region(addr, n uint64, write bool) ([]byte, error) {
+	if err := checkMapped(addr, n, write); err != nil {
+		return nil, err
+	}
+	return unix.Bytes(uintptr(addr), int(n)), nil
+}
+
+func (m *localMemory) read(addr uint64, b []byte) error  { return unix.ProcessVMRead(m.pid, b, addr) }
+func (m *localMemory) write(addr uint64, b []byte) error { return unix.ProcessVMWrite(m.pid, b, addr) }
+func (m *localMemory) close()                            {}
+
+// checkMapped verifies against /proc/self/maps that [addr, addr+n) is
+// mapped, readable, and writable if write is set, as the kernel's
+// get_user_pages would before pinning it.
+func checkMapped(addr, n uint64, write bool) error {
+	end := addr + n
+	if end < addr {
+		return unix.Errorf(unix.EINVAL, "region at %#x of %d bytes wraps", addr, n)
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return unix.Errorf(unix.EFAULT, "read memory map: %v", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(maps))
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	cur := addr
+	for sc.Scan() && cur < end {
+		line := sc.Bytes()
+		dash := bytes.IndexByte(line, '-')
+		sp := bytes.IndexByte(line, ' ')
+		if dash < 0 || sp < dash || len(line) < sp+5 {
+			continue
+		}
+		lo, err1 := strconv.ParseUint(string(line[:dash]), 16, 64)
+		hi, err2 := strconv.ParseUint(string(line[dash+1:sp]), 16, 64)
+		if err1 != nil || err2 != nil || hi <= cur {
+			continue
+		}
+		if lo > cur {
+			break // a hole
+		}
+		perms := line[sp+1 : sp+5]
+		if perms[0] != 'r' || (write && perms[1] != 'w') {
+			return unix.Errorf(unix.EFAULT, "memory at %#x is mapped %s", cur, perms)
+		}
+		cur = hi
+	}
+	if cur < end {
+		return unix.Errorf(unix.EFAULT, "memory at %#x is not mapped", cur)
+	}
+	return nil
+}
+
+func putNE64(b []byte, v uint64) { binary.NativeEndian.PutUint64(b, v) }
+func putNE32(b []byte, v uint32) { binary.NativeEndian.PutUint32(b, v) }

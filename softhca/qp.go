@@ -1,0 +1,400 @@
+//go:build linux
+
+package softhca
+
+import (
+	"github.com/xrcrun/xrc/internal/mlx4abi"
+	"github.com/xrcrun/xrc/internal/mlx4hw"
+	"github.com/xrcrun/xrc/internal/qpstate"
+	"github.com/xrcrun/xrc/internal/unix"
+	"github.com/xrcrun/xrc/internal/uverbs"
+)
+
+// ring is a work queue in the client's QP buffer.
+type ring struct {
+	buf   []byte
+	cnt   uint32 // slots, a power of two
+	shift uint   // log2 of the slot size
+}
+
+func (r *ring) slot(i uint32) []byte {
+	off := int(i&(r.cnt-1)) << r.shift
+	return r.buf[off : off+1<<r.shift]
+}
+
+// qp is a queue pair.
+type qp struct {
+	num        uint32
+	typ        qpstate.Type
+	state      qpstate.State
+	destroyed  bool
+	client     *Client
+	userHandle uint64
+	pd         *pd
+	scq, rcq   *cq
+	srq        *srq
+	caps       uverbs.QPCap
+
+	sq    ring
+	rq    ring
+	rqGS  int
+	rqDB  []byte // producer counter of the receive queue (16 bits)
+	rqTook uint32 // receive WQEs consumed
+
+	// Attributes.
+	qkey, rqPSN, sqPSN, destQPN, access uint32
+	pkeyIndex                          uint16
+	pathMTU, port                      uint8
+	ah                                 uverbs.QPDest
+	timeout, retryCnt, rnrRetry        uint8
+	minRNRTimer                        uint8
+	maxRdAtomic, maxDestRdAtomic       uint8
+	sqdNotify                          bool
+
+	req  requester
+	resp responder
+}
+
+// mtu is the QP's path MTU in bytes.
+func (q *qp) mtu() uint32 { return 128 << q.pathMTU }
+
+func (d *Device) cmdCreateQP(r *request) ([]byte, error) {
+	req, drvb, err := payload[uverbs.CreateQP](r)
+	if err != nil {
+		return nil, err
+	}
+	drv, err := driverData[mlx4abi.IBCreateQP](r, drvb)
+	if err != nil {
+		return nil, err
+	}
+	c := r.c
+	typ := qpstate.Type(req.QPType)
+	if typ != qpstate.RC {
+		return nil, unix.Errorf(unix.EOPNOTSUPP, "qp type %v: the device runs RC QPs", typ)
+	}
+	p, err := object[*pd](c, req.PDHandle)
+	if err != nil {
+		return nil, err
+	}
+	scq, err := object[*cq](c, req.SendCQHandle)
+	if err != nil {
+		return nil, err
+	}
+	rcq, err := object[*cq](c, req.RecvCQHandle)
+	if err != nil {
+		return nil, err
+	}
+	var s *srq
+	if req.IsSRQ != 0 {
+		if s, err = object[*srq](c, req.SRQHandle); err != nil {
+			return nil, err
+		}
+	}
+	if req.MaxSendWR > maxQPWR || req.MaxRecvWR > maxQPWR || req.MaxSendSGE > maxSGE ||
+		req.MaxRecvSGE > maxSGE || req.MaxInlineData > maxInline {
+		return nil, unix.Errorf(unix.EINVAL, "qp capabilities beyond the device's (%d WRs, %d SGEs, %d inline bytes)", maxQPWR, maxSGE, maxInline)
+	}
+	if len(d.qps) >= maxQP {
+		return nil, unix.Error(unix.ENOMEM, "too many QPs")
+	}
+	q := &qp{typ: typ, state: qpstate.Reset, client: c, userHandle: req.UserHandle, pd: p,
+		scq: scq, rcq: rcq, srq: s, port: 1,
+		caps: uverbs.QPCap{MaxSendWR: req.MaxSendWR, MaxRecvWR: req.MaxRecvWR, MaxSendSGE: req.MaxSendSGE,
+			MaxRecvSGE: req.MaxRecvSGE, MaxInlineData: req.MaxInlineData}}
+
+	// The send queue's geometry comes from the driver data, the receive
+	// queue's from the capabilities, as mlx4_ib lays out a user QP.
+	if drv.LogSQStride < 6 || drv.LogSQStride > 11 || drv.LogSQBbCount > 16 || 1<<drv.LogSQBbCount > 2*maxQPWR {
+		return nil, unix.Errorf(unix.EINVAL, "send queue of 2^%d WQEs of 2^%d bytes", drv.LogSQBbCount, drv.LogSQStride)
+	}
+	q.sq.cnt, q.sq.shift = 1<<drv.LogSQBbCount, uint(drv.LogSQStride)
+	if s == nil {
+		q.rq.cnt = roundPow2(max(1, req.MaxRecvWR))
+		q.rqGS = int(roundPow2(max(1, req.MaxRecvSGE)))
+		q.rq.shift = log2(uint32(q.rqGS * mlx4hw.DataSegSize))
+	}
+	rqBytes := int(q.rq.cnt) << q.rq.shift
+	sqBytes := int(q.sq.cnt) << q.sq.shift
+	buf, err := c.mem.queue(drv.BufAddr, rqBytes+sqBytes)
+	if err != nil {
+		return nil, err
+	}
+	if drv.BufAddr%64 != 0 {
+		return nil, unix.Error(unix.EINVAL, "misaligned QP buffer")
+	}
+	if q.rq.shift > q.sq.shift {
+		q.rq.buf, q.sq.buf = buf[:rqBytes], buf[rqBytes:]
+	} else {
+		q.sq.buf, q.rq.buf = buf[:sqBytes], buf[sqBytes:]
+	}
+	if s == nil {
+		if q.rqDB, err = c.mem.queue(drv.DBAddr, mlx4hw.RQDBRecSize); err != nil {
+			return nil, err
+		}
+		if drv.DBAddr%4 != 0 {
+			return nil, unix.Error(unix.EINVAL, "misaligned doorbell record")
+		}
+	}
+	resp := uverbs.CreateQPResp{MaxSendWR: req.MaxSendWR, MaxRecvWR: q.rq.cnt, MaxSendSGE: req.MaxSendSGE,
+		MaxRecvSGE: uint32(q.rqGS), MaxInlineData: req.MaxInlineData}
+	if r.outLen < int(unsafeSize(resp)) {
+		return nil, unix.Error(unix.ENOSPC, "no room for the response")
+	}
+	q.num = d.allocQPN()
+	d.qps[q.num] = q
+	p.usecnt++
+	scq.usecnt++
+	rcq.usecnt++
+	if s != nil {
+		s.usecnt++
+	}
+	resp.QPHandle = c.addObject(q)
+	resp.QPN = q.num
+	return response[uverbs.CreateQPResp, noDriver](r, &resp, nil)
+}
+
+// allocQPN gives out QP numbers in order, skipping those in use, so that a
+// number is not reused soon after its QP is destroyed.
+func (d *Device) allocQPN() uint32 {
+	for {
+		n := d.nextQPN
+		d.nextQPN++
+		if d.nextQPN >= 1<<23 {
+			d.nextQPN = firstQPN
+		}
+		if _, used := d.qps[n]; !used {
+			return n
+		}
+	}
+}
+
+func (d *Device) cmdDestroyQP(r *request) ([]byte, error) {
+	req, _, err := payload[uverbs.DestroyQP](r)
+	if err != nil {
+		return nil, err
+	}
+	q, err := object[*qp](r.c, req.QPHandle)
+	if err != nil {
+		return nil, err
+	}
+	d.destroyQP(q)
+	delete(r.c.objs, req.QPHandle)
+	return response[uverbs.DestroyQPResp, noDriver](r, &uverbs.DestroyQPResp{}, nil)
+}
+
+// destroyQP forgets a QP. Its outstanding work requests are dropped without
+// completions, as when the kernel destroys a QP.
+func (d *Device) destroyQP(q *qp) {
+	q.destroyed = true
+	q.req.reset()
+	q.resp.reset()
+	delete(d.qps, q.num)
+	q.pd.usecnt--
+	q.scq.usecnt--
+	q.rcq.usecnt--
+	if q.srq != nil {
+		q.srq.usecnt--
+	}
+}
+
+// Attribute mask bits, for brevity.
+const (
+	mState        = qpstate.AttrState
+	mCurState     = qpstate.AttrCurState
+	mSQDNotify    = qpstate.AttrEnSQDAsyncNotify
+	mAccess       = qpstate.AttrAccessFlags
+	mPkeyIndex    = qpstate.AttrPkeyIndex
+	mPort         = qpstate.AttrPort
+	mQkey         = qpstate.AttrQkey
+	mAV           = qpstate.AttrAV
+	mPathMTU      = qpstate.AttrPathMTU
+	mTimeout      = qpstate.AttrTimeout
+	mRetryCnt     = qpstate.AttrRetryCnt
+	mRNRRetry     = qpstate.AttrRNRRetry
+	mRQPSN        = qpstate.AttrRQPSN
+	mMaxRdAtomic  = qpstate.AttrMaxQPRdAtomic
+	mAltPath      = qpstate.AttrAltPath
+	mMinRNRTimer  = qpstate.AttrMinRNRTimer
+	mSQPSN        = qpstate.AttrSQPSN
+	mMaxDestRdAtm = qpstate.AttrMaxDestRdAtomic
+	mPathMig      = qpstate.AttrPathMigState
+	mCap          = qpstate.AttrCap
+	mDestQPN      = qpstate.AttrDestQPN
+)
+
+func (d *Device) cmdModifyQP(r *request) ([]byte, error) {
+	req, _, err := payload[uverbs.ModifyQP](r)
+	if err != nil {
+		return nil, err
+	}
+	q, err := object[*qp](r.c, req.QPHandle)
+	if err != nil {
+		return nil, err
+	}
+	mask := qpstate.Mask(req.AttrMask)
+	cur := q.state
+	if mask&mCurState != 0 {
+		if qpstate.State(req.CurQPState) != q.state {
+			return nil, unix.Errorf(unix.EINVAL, "current state %v given, the QP is %v", qpstate.State(req.CurQPState), q.state)
+		}
+	}
+	next := cur
+	if mask&mState != 0 {
+		next = qpstate.State(req.QPState)
+	}
+	if err := qpstate.Check(q.typ, cur, next, mask); err != nil {
+		return nil, unix.Error(unix.EINVAL, err.Error())
+	}
+	if err := d.checkQPAttrs(q, &req, mask); err != nil {
+		return nil, err
+	}
+	d.applyQPAttrs(q, &req, mask)
+	if mask&mState != 0 {
+		d.setState(q, next)
+	}
+	return nil, nil
+}
+
+// checkQPAttrs validates attribute values as mlx4_ib and the core do.
+func (d *Device) checkQPAttrs(q *qp, a *uverbs.ModifyQP, mask qpstate.Mask) error {
+	if mask&mPort != 0 && a.PortNum != 1 {
+		return unix.Errorf(unix.EINVAL, "port %d: the device has port 1", a.PortNum)
+	}
+	if mask&mPkeyIndex != 0 && a.PkeyIndex != 0 {
+		return unix.Errorf(unix.EINVAL, "pkey index %d of 1", a.PkeyIndex)
+	}
+	if mask&mAccess != 0 && a.QPAccessFlags&^accKnown != 0 {
+		return unix.Errorf(unix.EINVAL, "qp access flags %#x", a.QPAccessFlags)
+	}
+	if mask&mPathMTU != 0 && (a.PathMTU < 1 || a.PathMTU > mtuEnum(d.mtu)) {
+		return unix.Errorf(unix.EINVAL, "path MTU %d above the port's %d", 128<<a.PathMTU, d.mtu)
+	}
+	if mask&mAV != 0 {
+		if a.Dest.IsGlobal == 0 {
+			return unix.Error(unix.EINVAL, "RoCE address vectors need a GRH (is_global)")
+		}
+		if a.Dest.SGIDIndex != 0 {
+			return unix.Errorf(unix.EINVAL, "sgid index %d of 1", a.Dest.SGIDIndex)
+		}
+		if a.Dest.PortNum != 0 && a.Dest.PortNum != 1 {
+			return unix.Errorf(unix.EINVAL, "address vector port %d", a.Dest.PortNum)
+		}
+	}
+	if mask&mAltPath != 0 {
+		return unix.Error(unix.EINVAL, "alternate paths are not supported on RoCE")
+	}
+	if mask&mMaxRdAtomic != 0 && a.MaxRdAtomic > maxQPInitRdAtm {
+		return unix.Errorf(unix.EINVAL, "max_rd_atomic %d above %d", a.MaxRdAtomic, maxQPInitRdAtm)
+	}
+	if mask&mMaxDestRdAtm != 0 && a.MaxDestRdAtomic > maxQPRdAtom {
+		return unix.Errorf(unix.EINVAL, "max_dest_rd_atomic %d above %d", a.MaxDestRdAtomic, maxQPRdAtom)
+	}
+	if mask&mRetryCnt != 0 && a.RetryCnt > 7 || mask&mRNRRetry != 0 && a.RNRRetry > 7 ||
+		mask&mMinRNRTimer != 0 && a.MinRNRTimer > 31 || mask&mTimeout != 0 && a.Timeout > 31 {
+		return unix.Error(unix.EINVAL, "retry count, RNR retry, RNR timer or timeout out of range")
+	}
+	if mask&mDestQPN != 0 && a.DestQPNum > 0xffffff {
+		return unix.Errorf(unix.EINVAL, "destination QPN %#x", a.DestQPNum)
+	}
+	return nil
+}
+
+func (d *Device) applyQPAttrs(q *qp, a *uverbs.ModifyQP, mask qpstate.Mask) {
+	if mask&mAccess != 0 {
+		q.access = a.QPAccessFlags
+	}
+	if mask&mPkeyIndex != 0 {
+		q.pkeyIndex = a.PkeyIndex
+	}
+	if mask&mPort != 0 {
+		q.port = a.PortNum
+	}
+	if mask&mQkey != 0 {
+		q.qkey = a.Qkey
+	}
+	if mask&mAV != 0 {
+		q.ah = a.Dest
+	}
+	if mask&mPathMTU != 0 {
+		q.pathMTU = a.PathMTU
+	}
+	if mask&mTimeout != 0 {
+		q.timeout = a.Timeout
+	}
+	if mask&mRetryCnt != 0 {
+		q.retryCnt = a.RetryCnt
+	}
+	if mask&mRNRRetry != 0 {
+		q.rnrRetry = a.RNRRetry
+	}
+	if mask&mRQPSN != 0 {
+		q.rqPSN = a.RQPSN & 0xffffff
+	}
+	if mask&mMaxRdAtomic != 0 {
+		q.maxRdAtomic = a.MaxRdAtomic
+	}
+	if mask&mMinRNRTimer != 0 {
+		q.minRNRTimer = a.MinRNRTimer
+	}
+	if mask&mSQPSN != 0 {
+		q.sqPSN = a.SQPSN & 0xffffff
+	}
+	if mask&mMaxDestRdAtm != 0 {
+		q.maxDestRdAtomic = a.MaxDestRdAtomic
+	}
+	if mask&mDestQPN != 0 {
+		q.destQPN = a.DestQPNum
+	}
+	if mask&mSQDNotify != 0 {
+		q.sqdNotify = a.EnSQDAsyncNotify != 0
+	}
+}
+
+// setState moves a QP to a new state and does what the move implies.
+// Caller holds d.mu.
+func (d *Device) setState(q *qp, next qpstate.State) {
+	prev := q.state
+	q.state = next
+	switch next {
+	case qpstate.Reset:
+		q.req.reset()
+		q.resp.reset()
+		q.rqTook = 0
+	case qpstate.RTR:
+		if prev == qpstate.Init {
+			q.resp.start(q)
+		}
+	case qpstate.RTS:
+		if prev == qpstate.RTR {
+			q.req.start(q)
+		}
+		d.eng.schedule(q) // requests posted before RTS run now
+	case qpstate.Err:
+		if prev != qpstate.Err {
+			d.flush(q)
+		}
+	}
+}
+
+func (d *Device) cmdQueryQP(r *request) ([]byte, error) {
+	req, _, err := payload[uverbs.QueryQP](r)
+	if err != nil {
+		return nil, err
+	}
+	q, err := object[*qp](r.c, req.QPHandle)
+	if err != nil {
+		return nil, err
+	}
+	resp := uverbs.QueryQPResp{
+		Dest: q.ah, MaxSendWR: q.caps.MaxSendWR, MaxRecvWR: q.caps.MaxRecvWR, MaxSendSGE: q.caps.MaxSendSGE,
+		MaxRecvSGE: q.caps.MaxRecvSGE, MaxInlineData: q.caps.MaxInlineData, Qkey: q.qkey,
+		RQPSN: q.rqPSN, SQPSN: q.sqPSN, DestQPNum: q.destQPN, QPAccessFlags: q.access,
+		PkeyIndex: q.pkeyIndex, QPState: uint8(q.state), CurQPState: uint8(q.state), PathMTU: q.pathMTU,
+		MaxRdAtomic: q.maxRdAtomic, MaxDestRdAtomic: q.maxDestRdAtomic, MinRNRTimer: q.minRNRTimer,
+		PortNum: q.port, Timeout: q.timeout, RetryCnt: q.retryCnt, RNRRetry: q.rnrRetry,
+	}
+	if q.state == qpstate.SQD && len(q.req.q) > 0 {
+		resp.SQDraining = 1
+	}
+	return response[uverbs.QueryQPResp, noDriver](r, &resp, nil)
+}

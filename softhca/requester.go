@@ -1,0 +1,619 @@
+//go:build linux
+
+package softhca
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/xrcrun/xrc/internal/mlx4hw"
+	"github.com/xrcrun/xrc/internal/qpstate"
+	"github.com/xrcrun/xrc/softhca/roce"
+)
+
+// Requester limits.
+const (
+	maxOutstanding = 1024 // WQEs fetched and not completed, per QP
+	sendWindow     = 512  // packets sent and not acknowledged, per QP
+)
+
+// Classes of send work requests.
+const (
+	classSend = iota
+	classWrite
+	classRead
+	classAtomic
+)
+
+// lsge is a local scatter/gather element resolved to its memory region.
+type lsge struct {
+	m  *mr
+	va uint64
+	n  uint32
+}
+
+// swqe is a send WQE the requester has fetched: its decoded form, the
+// memory it names, and where it stands on the wire.
+type swqe struct {
+	idx    uint32 // SQ index
+	w      mlx4hw.SendWQE
+	class  int
+	sg     []lsge
+	length uint32
+	psn    uint32 // first PSN
+	npkts  uint32
+	sent   uint32 // packets sent in the current attempt
+	rdGot  uint32 // READ: bytes of response received
+	done   bool   // READ or atomic: the response arrived
+}
+
+func (w *swqe) lastPSN() uint32 { return (w.psn + w.npkts - 1) & roce.PSNMask }
+
+func (w *swqe) rdAtomic() bool { return w.class == classRead || w.class == classAtomic }
+
+// requester is the send side of a QP.
+type requester struct {
+	scheduled bool
+	head      uint32  // next SQ index to fetch
+	psn       uint32  // PSN of the next new WQE
+	high      uint32  // PSN after the highest sent: below it, sending again is a retransmission
+	acked     uint32  // last PSN acknowledged
+	q         []*swqe // outstanding, oldest first
+	sendIdx   int     // first WQE of q with packets to send
+	rdAtomic  int     // READs and atomics sent and not answered
+	retries   uint8   // transport retries left
+	rnrLeft   uint8   // RNR retries left
+	rnrUntil  time.Time
+	timerGen  uint64
+	timerAt   time.Time
+	drainSent bool
+	spare     []*swqe
+}
+
+func (r *requester) reset() {
+	for _, w := range r.q {
+		r.spare = append(r.spare, w)
+	}
+	*r = requester{spare: r.spare, timerGen: r.timerGen + 1}
+}
+
+// start arms the requester at RTS.
+func (r *requester) start(q *qp) {
+	r.psn = q.sqPSN
+	r.high = q.sqPSN
+	r.acked = (q.sqPSN - 1) & roce.PSNMask
+	r.retries = q.retryCnt
+	r.rnrLeft = q.rnrRetry
+}
+
+func (r *requester) alloc() *swqe {
+	if n := len(r.spare); n > 0 {
+		w := r.spare[n-1]
+		r.spare = r.spare[:n-1]
+		return w
+	}
+	return &swqe{}
+}
+
+func (r *requester) free(w *swqe) {
+	w.w.SG, w.w.Inline, w.sg = w.w.SG[:0], w.w.Inline[:0], w.sg[:0]
+	w.sent, w.rdGot, w.done = 0, 0, false
+	r.spare = append(r.spare, w)
+}
+
+// sqOwned reports whether the client has posted the SQ slot at index i: its
+// owner bit matches the pass of i.
+func sqOwned(q *qp, i uint32) bool {
+	oo := mlx4hw.OwnerOpcode(q.sq.slot(i))
+	return (oo&mlx4hw.OwnerBit != 0) == (i&q.sq.cnt != 0)
+}
+
+// pump fetches posted WQEs and sends what the windows allow. Caller holds
+// d.mu.
+func (d *Device) pump(q *qp) {
+	r := &q.req
+	switch q.state {
+	case qpstate.RTS, qpstate.SQD:
+	case qpstate.Err:
+		d.flushPosted(q)
+		return
+	default:
+		return // WQEs posted before RTS wait for it
+	}
+	now := d.clock.Now()
+	if !r.rnrUntil.IsZero() && now.Before(r.rnrUntil) {
+		return
+	}
+	r.rnrUntil = time.Time{}
+	for q.state == qpstate.RTS && len(r.q) < maxOutstanding && sqOwned(q, r.head) {
+		w := r.alloc()
+		w.idx = r.head
+		r.head++
+		r.q = append(r.q, w)
+		if syn, ok := d.fetch(q, w); !ok {
+			d.requestError(q, w, syn)
+			return
+		}
+	}
+	for r.sendIdx < len(r.q) {
+		w := r.q[r.sendIdx]
+		if w.sent == 0 && (w.w.Fence && r.rdAtomic > 0 || w.rdAtomic() && r.rdAtomic >= int(max(q.maxRdAtomic, 1))) {
+			break
+		}
+		for w.sent < w.npkts && roce.PSNDiff((w.psn+w.sent)&roce.PSNMask, r.acked) <= sendWindow {
+			d.sendRequest(q, w, w.sent)
+			w.sent++
+		}
+		if w.sent < w.npkts {
+			break
+		}
+		if w.rdAtomic() {
+			r.rdAtomic++
+		}
+		r.sendIdx++
+	}
+	if len(r.q) > 0 && r.timerAt.IsZero() && q.timeout != 0 {
+		d.eng.setTimer(q, now.Add(ackTimeout(q.timeout)))
+	}
+	if q.state == qpstate.SQD && len(r.q) == 0 && q.sqdNotify && !r.drainSent {
+		r.drainSent = true
+		q.client.asyncEvent(q.userHandle, evSQDrained)
+	}
+}
+
+// ackTimeout is the transport timer of a QP: 4.096 µs × 2^timeout.
+func ackTimeout(t uint8) time.Duration { return 4096 * time.Nanosecond << t }
+
+// fetch decodes the WQE of w and resolves its local memory. It reports the
+// syndrome of a local error.
+func (d *Device) fetch(q *qp, w *swqe) (uint8, bool) {
+	w.w.SG, w.w.Inline, w.sg = w.w.SG[:0], w.w.Inline[:0], w.sg[:0]
+	if err := mlx4hw.DecodeSendWQE(q.sq.slot(w.idx), &w.w); err != nil {
+		return mlx4hw.SyndromeLocalQPOpErr, false
+	}
+	switch w.w.Opcode {
+	case mlx4hw.OpSend, mlx4hw.OpSendImm:
+		w.class = classSend
+	case mlx4hw.OpRDMAWrite, mlx4hw.OpRDMAWriteImm:
+		w.class = classWrite
+	case mlx4hw.OpRDMARead:
+		w.class = classRead
+	case mlx4hw.OpAtomicCS, mlx4hw.OpAtomicFA:
+		w.class = classAtomic
+	default:
+		return mlx4hw.SyndromeLocalQPOpErr, false
+	}
+	if w.w.HasInline {
+		if w.rdAtomic() || len(w.w.Inline) > maxInline {
+			return mlx4hw.SyndromeLocalQPOpErr, false
+		}
+		w.length = uint32(len(w.w.Inline))
+	} else {
+		total := uint64(0)
+		for _, s := range w.w.SG {
+			if s.ByteCount == 0 {
+				continue
+			}
+			m := d.lookupMR(s.LKey)
+			if m == nil || m.pd != q.pd || !m.contains(s.Addr, uint64(s.ByteCount)) ||
+				w.rdAtomic() && m.access&accLocalWrite == 0 {
+				return mlx4hw.SyndromeLocalProtErr, false
+			}
+			w.sg = append(w.sg, lsge{m: m, va: s.Addr, n: s.ByteCount})
+			total += uint64(s.ByteCount)
+		}
+		if total > 1<<31 {
+			return mlx4hw.SyndromeLocalLengthErr, false
+		}
+		w.length = uint32(total)
+	}
+	mtu := q.mtu()
+	switch w.class {
+	case classAtomic:
+		if w.length < 8 {
+			return mlx4hw.SyndromeLocalLengthErr, false
+		}
+		w.npkts = 1
+	default:
+		w.npkts = max(1, (w.length+mtu-1)/mtu)
+	}
+	w.psn = q.req.psn
+	q.req.psn = (q.req.psn + w.npkts) & roce.PSNMask
+	return 0, true
+}
+
+// contains reports whether [va, va+n) lies in the region.
+func (m *mr) contains(va, n uint64) bool {
+	return va >= m.iova && va-m.iova <= m.length && n <= m.length-(va-m.iova)
+}
+
+// sendRequest sends packet k of w.
+func (d *Device) sendRequest(q *qp, w *swqe, k uint32) {
+	r := &q.req
+	p := d.newPacket(q)
+	p.PSN = (w.psn + k) & roce.PSNMask
+	if roce.PSNDiff(p.PSN, r.high) < 0 {
+		d.counters.Retransmits.Add(1)
+	} else {
+		r.high = (p.PSN + 1) & roce.PSNMask
+	}
+	first, last := k == 0, k == w.npkts-1
+	mtu := q.mtu()
+	off := k * mtu
+	n := min(mtu, w.length-min(off, w.length))
+	imm := w.w.Opcode == mlx4hw.OpSendImm || w.w.Opcode == mlx4hw.OpRDMAWriteImm
+	switch w.class {
+	case classSend, classWrite:
+		p.Opcode = messageOpcode(w.class == classSend, first, last, imm)
+		if first && w.class == classWrite {
+			p.VA, p.RKey, p.DMALen = w.w.RemoteAddr, w.w.RKey, w.length
+		}
+		if last {
+			p.Imm = w.w.Imm
+			p.SE = w.w.Flags&mlx4hw.CtrlSolicit != 0
+			p.AckReq = true
+		}
+		p.Payload = p.Payload[:n]
+		d.gather(w, off, p.Payload)
+	case classRead:
+		p.Opcode = roce.ReadRequest
+		p.VA, p.RKey, p.DMALen = w.w.RemoteAddr, w.w.RKey, w.length
+		p.AckReq = true
+	case classAtomic:
+		p.Opcode = roce.CompareSwap
+		if w.w.Opcode == mlx4hw.OpAtomicFA {
+			p.Opcode = roce.FetchAdd
+		}
+		p.VA, p.RKey, p.SwapAdd, p.Compare = w.w.RemoteAddr, w.w.RKey, w.w.SwapAdd, w.w.Compare
+		p.AckReq = true
+	}
+	d.eng.send(p)
+}
+
+// messageOpcode picks the SEND or RDMA WRITE opcode of a packet by its place
+// in the message.
+func messageOpcode(send, first, last, imm bool) roce.Opcode {
+	switch {
+	case send && first && last && imm:
+		return roce.SendOnlyImm
+	case send && first && last:
+		return roce.SendOnly
+	case send && first:
+		return roce.SendFirst
+	case send && last && imm:
+		return roce.SendLastImm
+	case send && last:
+		return roce.SendLast
+	case send:
+		return roce.SendMiddle
+	case first && last && imm:
+		return roce.WriteOnlyImm
+	case first && last:
+		return roce.WriteOnly
+	case first:
+		return roce.WriteFirst
+	case last && imm:
+		return roce.WriteLastImm
+	case last:
+		return roce.WriteLast
+	}
+	return roce.WriteMiddle
+}
+
+// newPacket returns a packet addressed to the QP's peer.
+func (d *Device) newPacket(q *qp) *roce.Packet {
+	p := getPacket()
+	p.SrcGID = d.gid
+	p.DstGID = q.ah.DGID
+	p.DestQP = q.destQPN
+	p.PKey = 0xffff
+	return p
+}
+
+// gather copies len(dst) bytes of the request's data, from byte off.
+func (d *Device) gather(w *swqe, off uint32, dst []byte) {
+	if w.w.HasInline {
+		copy(dst, w.w.Inline[off:])
+		return
+	}
+	for _, s := range w.sg {
+		if len(dst) == 0 {
+			return
+		}
+		if off >= s.n {
+			off -= s.n
+			continue
+		}
+		n := min(s.n-off, uint32(len(dst)))
+		s.m.read(s.va+uint64(off), dst[:n])
+		dst = dst[n:]
+		off = 0
+	}
+}
+
+// scatter copies src into a scatter list from byte off.
+func scatter(sg []lsge, off uint32, src []byte) {
+	for _, s := range sg {
+		if len(src) == 0 {
+			return
+		}
+		if off >= s.n {
+			off -= s.n
+			continue
+		}
+		n := min(s.n-off, uint32(len(src)))
+		s.m.write(s.va+uint64(off), src[:n])
+		src = src[n:]
+		off = 0
+	}
+}
+
+// onResponse handles an acknowledgement or a response on the requester
+// side. Caller holds d.mu.
+func (d *Device) onResponse(q *qp, p *roce.Packet) {
+	r := &q.req
+	if q.state != qpstate.RTS && q.state != qpstate.SQD || len(r.q) == 0 {
+		return // nothing to acknowledge: a stale or stray response
+	}
+	switch p.Opcode.Op() {
+	case roce.Acknowledge:
+		d.onAck(q, p)
+	case roce.ReadResponseFirst, roce.ReadResponseMiddle, roce.ReadResponseLast, roce.ReadResponseOnly:
+		d.onReadResponse(q, p)
+	case roce.AtomicAcknowledge:
+		d.onAtomicAck(q, p)
+	}
+	if !q.destroyed && q.state != qpstate.Err {
+		d.eng.schedule(q)
+	}
+}
+
+func (d *Device) onAck(q *qp, p *roce.Packet) {
+	r := &q.req
+	switch p.Syndrome & roce.AETHKind {
+	case roce.AETHAck:
+		d.acked(q, p.PSN)
+	case roce.AETHRNRNak:
+		d.counters.RNRNaksReceived.Add(1)
+		d.acked(q, (p.PSN-1)&roce.PSNMask)
+		if q.state != qpstate.RTS && q.state != qpstate.SQD || len(r.q) == 0 {
+			return
+		}
+		if q.rnrRetry != 7 {
+			if r.rnrLeft == 0 {
+				d.counters.RNRNakRetryErr.Add(1)
+				d.requestError(q, r.q[0], mlx4hw.SyndromeRNRRetryExcErr)
+				return
+			}
+			r.rnrLeft--
+		}
+		d.rewind(q, p.PSN)
+		r.rnrUntil = d.clock.Now().Add(rnrDelay(p.Syndrome & 0x1f))
+		d.eng.setTimer(q, r.rnrUntil)
+	case roce.AETHNak:
+		d.acked(q, (p.PSN-1)&roce.PSNMask)
+		if q.state != qpstate.RTS && q.state != qpstate.SQD || len(r.q) == 0 {
+			return
+		}
+		code := p.Syndrome & 0x1f
+		if code == roce.NakPSNSeqErr {
+			d.counters.PacketSeqErr.Add(1)
+			d.rewind(q, p.PSN)
+			return
+		}
+		syn := uint8(mlx4hw.SyndromeRemoteOpErr)
+		switch code {
+		case roce.NakInvalidRequest, roce.NakInvalidRDReq:
+			syn = mlx4hw.SyndromeRemoteInvalReqErr
+		case roce.NakRemoteAccess:
+			syn = mlx4hw.SyndromeRemoteAccessErr
+		}
+		d.requestError(q, d.wqeAt(q, p.PSN), syn)
+	}
+}
+
+// wqeAt returns the outstanding WQE that holds psn, or the oldest.
+func (d *Device) wqeAt(q *qp, psn uint32) *swqe {
+	for _, w := range q.req.q {
+		if dd := roce.PSNDiff(psn, w.psn); dd >= 0 && uint32(dd) < w.npkts {
+			return w
+		}
+	}
+	return q.req.q[0]
+}
+
+// acked completes the WQEs that psn acknowledges, oldest first.
+func (d *Device) acked(q *qp, psn uint32) {
+	r := &q.req
+	if roce.PSNDiff(psn, r.acked) <= 0 {
+		return
+	}
+	progress := false
+	for len(r.q) > 0 && q.state != qpstate.Err {
+		w := r.q[0]
+		if roce.PSNDiff(w.lastPSN(), psn) > 0 {
+			break
+		}
+		if w.rdAtomic() && !w.done {
+			// Acknowledged past a READ or atomic whose response never
+			// came: it was lost.
+			d.counters.ImpliedNakSeqErr.Add(1)
+			d.rewind(q, w.psn)
+			break
+		}
+		d.completeSend(q, w)
+		progress = true
+	}
+	if roce.PSNDiff(psn, r.acked) > 0 {
+		r.acked = psn
+		progress = true
+	}
+	if progress {
+		r.retries = q.retryCnt
+		r.rnrLeft = q.rnrRetry
+		if len(r.q) == 0 || q.timeout == 0 {
+			d.eng.setTimer(q, time.Time{})
+		} else if r.rnrUntil.IsZero() {
+			d.eng.setTimer(q, d.clock.Now().Add(ackTimeout(q.timeout)))
+		}
+	}
+}
+
+// completeSend retires the oldest WQE successfully.
+func (d *Device) completeSend(q *qp, w *swqe) {
+	r := &q.req
+	if w.w.Signaled() {
+		e := mlx4hw.CQE{MyQPN: q.num, WQEIndex: uint16(w.idx), IsSend: true, Opcode: w.w.Opcode}
+		if w.class == classRead {
+			e.ByteCnt = w.length
+		}
+		d.push(q.scq, &e, false)
+	}
+	r.q = r.q[1:]
+	r.sendIdx = max(r.sendIdx-1, 0)
+	r.free(w)
+}
+
+func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
+	r := &q.req
+	var w *swqe
+	for _, x := range r.q {
+		if x.class == classRead && !x.done {
+			w = x
+			break
+		}
+		if x.rdAtomic() && !x.done {
+			return // responses come in order: this one is not for a READ
+		}
+	}
+	if w == nil {
+		return
+	}
+	mtu := q.mtu()
+	want := (w.psn + w.rdGot/mtu) & roce.PSNMask
+	if dd := roce.PSNDiff(p.PSN, want); dd != 0 {
+		if dd > 0 { // a response packet was lost: ask again
+			d.counters.PacketSeqErr.Add(1)
+			d.rewind(q, w.psn)
+		}
+		return
+	}
+	d.acked(q, (w.psn-1)&roce.PSNMask) // a response acknowledges what came before
+	n := uint32(len(p.Payload))
+	last := p.Opcode.IsLast()
+	if w.rdGot+n > w.length || !last && n != mtu || last && w.rdGot+n != w.length {
+		d.requestError(q, w, mlx4hw.SyndromeBadRespErr)
+		return
+	}
+	scatter(w.sg, w.rdGot, p.Payload)
+	w.rdGot += n
+	if last {
+		w.done = true
+		r.rdAtomic--
+		d.acked(q, p.PSN)
+	}
+}
+
+func (d *Device) onAtomicAck(q *qp, p *roce.Packet) {
+	r := &q.req
+	for _, w := range r.q {
+		if !w.rdAtomic() || w.done {
+			continue
+		}
+		if w.class != classAtomic || w.psn != p.PSN {
+			return
+		}
+		d.acked(q, (w.psn-1)&roce.PSNMask)
+		var b [8]byte
+		binary.NativeEndian.PutUint64(b[:], p.OrigData)
+		scatter(w.sg, 0, b[:])
+		w.done = true
+		r.rdAtomic--
+		d.acked(q, p.PSN)
+		return
+	}
+}
+
+// rewind makes the requester send again from psn (the oldest outstanding
+// WQE if psn is not in one).
+func (d *Device) rewind(q *qp, psn uint32) {
+	r := &q.req
+	if len(r.q) == 0 {
+		return
+	}
+	i := 0
+	for j, w := range r.q {
+		if dd := roce.PSNDiff(psn, w.psn); dd >= 0 && uint32(dd) < w.npkts {
+			i = j
+			break
+		}
+	}
+	for j := i; j < len(r.q); j++ {
+		w := r.q[j]
+		w.sent, w.rdGot, w.done = 0, 0, false
+	}
+	if w := r.q[i]; !w.rdAtomic() {
+		if dd := roce.PSNDiff(psn, w.psn); dd > 0 && uint32(dd) < w.npkts {
+			w.sent = uint32(dd) // resume a message in its middle
+		}
+	}
+	r.sendIdx = i
+	r.rdAtomic = 0
+	for _, w := range r.q[:i] {
+		if w.rdAtomic() && !w.done {
+			r.rdAtomic++
+		}
+	}
+}
+
+// timeout handles a requester timer: the end of an RNR wait, or the
+// transport timer, which retries or gives up.
+func (d *Device) timeout(q *qp, now time.Time) {
+	r := &q.req
+	r.timerAt = time.Time{}
+	if q.state != qpstate.RTS && q.state != qpstate.SQD {
+		return
+	}
+	if !r.rnrUntil.IsZero() {
+		r.rnrUntil = time.Time{}
+		d.eng.schedule(q)
+		return
+	}
+	if len(r.q) == 0 {
+		return
+	}
+	if r.retries == 0 {
+		d.counters.LocalAckTimeoutErr.Add(1)
+		d.requestError(q, r.q[0], mlx4hw.SyndromeRetryExcErr)
+		return
+	}
+	r.retries--
+	d.rewind(q, (r.acked+1)&roce.PSNMask)
+	d.eng.schedule(q)
+}
+
+// requestError completes w with an error syndrome and puts the QP in the
+// error state, which flushes everything after it.
+func (d *Device) requestError(q *qp, w *swqe, syndrome uint8) {
+	r := &q.req
+	d.counters.LocalErrors.Add(1)
+	e := mlx4hw.CQE{MyQPN: q.num, WQEIndex: uint16(w.idx), IsSend: true, Opcode: mlx4hw.CQEOpError, Syndrome: syndrome}
+	d.push(q.scq, &e, true)
+	for i, x := range r.q {
+		if x == w {
+			r.q = append(r.q[:i:i], r.q[i+1:]...)
+			r.free(w)
+			break
+		}
+	}
+	d.setState(q, qpstate.Err)
+}
+
+// rnrDelay decodes an RNR timer field (IBA table 45).
+func rnrDelay(code uint8) time.Duration {
+	us := [32]uint32{
+		655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920,
+		2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520,
+	}
+	return time.Duration(us[code&31]) * time.Microsecond
+}

@@ -1,0 +1,496 @@
+//go:build linux
+
+package softhca
+
+import (
+	"time"
+
+	"github.com/xrcrun/xrc/internal/mlx4hw"
+	"github.com/xrcrun/xrc/internal/qpstate"
+	"github.com/xrcrun/xrc/softhca/roce"
+)
+
+// maxResources is how many READ and atomic requests a responder remembers
+// for answering duplicates.
+const maxResources = 16
+
+// resource is a READ or atomic request the responder executed.
+type resource struct {
+	valid  bool
+	atomic bool
+	psn    uint32
+	npkts  uint32
+	m      *mr
+	va     uint64
+	length uint32
+	orig   uint64 // atomic: the value returned
+}
+
+// responder is the receive side of a QP.
+type responder struct {
+	epsn    uint32 // expected PSN
+	msn     uint32 // completed messages
+	nakSent bool   // a NAK is outstanding: drop later packets silently
+	ackDue  bool
+
+	// The message in progress.
+	inMsg   bool
+	isSend  bool
+	recvIdx uint32 // the receive WQE taken, for SENDs and writes with immediate
+	hasRecv bool
+	recvSG  []lsge
+	recvLen uint32
+	wm      *mr // RDMA WRITE: target region, address and length
+	wva     uint64
+	wlen    uint32
+	off     uint32 // bytes received
+
+	res     [maxResources]resource
+	resNext int
+	scratch []mlx4hw.DataSeg
+}
+
+func (s *responder) reset() {
+	*s = responder{recvSG: s.recvSG[:0], scratch: s.scratch[:0]}
+}
+
+func (s *responder) start(q *qp) { s.epsn = q.rqPSN }
+
+// receive dispatches a packet delivered to the device. It owns p and
+// returns it to the pool. Caller holds d.mu.
+func (d *Device) receive(p *roce.Packet) {
+	defer putPacket(p)
+	d.counters.RcvPackets.Add(1)
+	d.counters.RcvData.Add(uint64(len(p.Payload)))
+	op := p.Opcode
+	q := d.qps[p.DestQP]
+	if !op.Valid() || op.Transport() != roce.TransportRC || q == nil || q.ah.DGID != p.SrcGID {
+		d.counters.RcvErrors.Add(1)
+		if d.debug {
+			d.log.Debug("dropped packet", "opcode", op, "qp", p.DestQP)
+		}
+		return
+	}
+	if op.IsResponse() {
+		d.onResponse(q, p)
+		return
+	}
+	d.onRequest(q, p)
+}
+
+func (d *Device) onRequest(q *qp, p *roce.Packet) {
+	s := &q.resp
+	switch q.state {
+	case qpstate.RTR, qpstate.RTS, qpstate.SQD, qpstate.SQE:
+	default:
+		d.counters.RcvErrors.Add(1)
+		return
+	}
+	if dd := roce.PSNDiff(p.PSN, s.epsn); dd != 0 {
+		if dd > 0 {
+			d.counters.OutOfSequence.Add(1)
+			if !s.nakSent {
+				s.nakSent = true
+				d.sendNak(q, roce.AETHNak|roce.NakPSNSeqErr, s.epsn)
+			}
+			return
+		}
+		d.counters.DuplicateRequest.Add(1)
+		d.duplicate(q, p)
+		return
+	}
+	s.nakSent = false
+	switch op := p.Opcode; {
+	case op.IsSend():
+		d.recvSend(q, p)
+	case op.IsWrite():
+		d.recvWrite(q, p)
+	case op.IsRead():
+		d.recvRead(q, p)
+	case op.IsAtomic():
+		d.recvAtomic(q, p)
+	}
+}
+
+// fatal ends the QP's life as a responder: the requester gets a NAK with
+// code, and the QP moves to the error state.
+func (d *Device) fatal(q *qp, p *roce.Packet, code uint8) {
+	d.sendNak(q, roce.AETHNak|code, p.PSN)
+	d.setState(q, qpstate.Err)
+}
+
+// payloadOK checks a packet's payload length against its place in the
+// message: middle and first packets carry exactly one MTU.
+func payloadOK(q *qp, p *roce.Packet) bool {
+	n := uint32(len(p.Payload))
+	if p.Opcode.IsLast() {
+		return n <= q.mtu()
+	}
+	return n == q.mtu()
+}
+
+func (d *Device) recvSend(q *qp, p *roce.Packet) {
+	s := &q.resp
+	op := p.Opcode
+	if op.IsFirst() {
+		if s.inMsg {
+			d.fatal(q, p, roce.NakInvalidRequest)
+			return
+		}
+		if !d.takeRecv(q, p) {
+			return
+		}
+		s.inMsg, s.isSend, s.off = true, true, 0
+	} else if !s.inMsg || !s.isSend {
+		d.fatal(q, p, roce.NakInvalidRequest)
+		return
+	}
+	if !payloadOK(q, p) {
+		d.fatal(q, p, roce.NakInvalidRequest)
+		return
+	}
+	if s.off+uint32(len(p.Payload)) > s.recvLen {
+		d.recvError(q, mlx4hw.SyndromeLocalLengthErr)
+		d.fatal(q, p, roce.NakInvalidRequest)
+		return
+	}
+	scatter(s.recvSG, s.off, p.Payload)
+	s.off += uint32(len(p.Payload))
+	d.accept(q, p)
+	if op.IsLast() {
+		e := mlx4hw.CQE{Opcode: mlx4hw.RecvOpSend, ByteCnt: s.off}
+		if op.HasImm() {
+			e.Opcode, e.Immed = mlx4hw.RecvOpSendImm, p.Imm
+		}
+		d.completeRecv(q, &e, p.SE)
+	}
+}
+
+func (d *Device) recvWrite(q *qp, p *roce.Packet) {
+	s := &q.resp
+	op := p.Opcode
+	if op.IsFirst() {
+		if s.inMsg {
+			d.fatal(q, p, roce.NakInvalidRequest)
+			return
+		}
+		m, ok := d.remoteMR(q, p.RKey, p.VA, uint64(p.DMALen), accRemoteWrite)
+		if !ok {
+			d.fatal(q, p, roce.NakRemoteAccess)
+			return
+		}
+		s.inMsg, s.isSend, s.off = true, false, 0
+		s.wm, s.wva, s.wlen = m, p.VA, p.DMALen
+	} else if !s.inMsg || s.isSend {
+		d.fatal(q, p, roce.NakInvalidRequest)
+		return
+	}
+	n := uint32(len(p.Payload))
+	if !payloadOK(q, p) || s.off+n > s.wlen || op.IsLast() && s.off+n != s.wlen {
+		d.fatal(q, p, roce.NakInvalidRequest)
+		return
+	}
+	if op.HasImm() && !s.hasRecv && !d.takeRecv(q, p) {
+		return // RNR: the data comes again with the retry
+	}
+	if n > 0 && !s.wm.write(s.wva+uint64(s.off), p.Payload) {
+		d.fatal(q, p, roce.NakRemoteOpErr)
+		return
+	}
+	s.off += n
+	d.accept(q, p)
+	if op.IsLast() {
+		if op.HasImm() {
+			e := mlx4hw.CQE{Opcode: mlx4hw.RecvOpRDMAWriteImm, ByteCnt: s.wlen, Immed: p.Imm}
+			d.completeRecv(q, &e, p.SE)
+		} else {
+			s.inMsg = false
+			s.wm = nil
+		}
+	}
+}
+
+// accept advances the expected PSN past a request packet and notes that
+// an acknowledgement is due.
+func (d *Device) accept(q *qp, p *roce.Packet) {
+	s := &q.resp
+	s.epsn = (s.epsn + 1) & roce.PSNMask
+	if p.Opcode.IsLast() {
+		s.msn = (s.msn + 1) & roce.PSNMask
+	}
+	if (p.Opcode.IsLast() || p.AckReq) && !s.ackDue {
+		s.ackDue = true
+		d.eng.acks = append(d.eng.acks, q)
+	}
+}
+
+// remoteMR validates an incoming RDMA or atomic access against the QP's and
+// the region's permissions, the PD and the bounds. A zero-length access
+// needs no region.
+func (d *Device) remoteMR(q *qp, rkey uint32, va, n uint64, need uint32) (*mr, bool) {
+	if q.access&need == 0 {
+		return nil, false
+	}
+	if n == 0 {
+		return nil, true
+	}
+	m := d.lookupMR(rkey)
+	if m == nil || m.pd != q.pd || m.access&need == 0 || !m.contains(va, n) {
+		return nil, false
+	}
+	return m, true
+}
+
+// takeRecv takes a receive WQE for the message p starts (or, for RDMA
+// WRITE with immediate, ends), from the SRQ or the receive queue. Without
+// one it sends an RNR NAK and reports false. A WQE whose buffers fail the
+// checks completes in error and the QP fails.
+func (d *Device) takeRecv(q *qp, p *roce.Packet) bool {
+	s := &q.resp
+	s.scratch = s.scratch[:0]
+	var ok bool
+	pd := q.pd
+	if q.srq != nil {
+		s.recvIdx, s.scratch, ok = d.srqTake(q.srq, s.scratch)
+		pd = q.srq.pd
+	} else if uint16(mlx4hw.LoadBE32(q.rqDB))-uint16(q.rqTook) != 0 {
+		s.recvIdx = q.rqTook & (q.rq.cnt - 1)
+		s.scratch = mlx4hw.DecodeRecvSG(q.rq.slot(q.rqTook), q.rqGS, s.scratch)
+		q.rqTook++
+		ok = true
+	}
+	if !ok {
+		d.counters.RNRNaksSent.Add(1)
+		s.nakSent = true
+		d.sendNak(q, roce.AETHRNRNak|q.minRNRTimer&0x1f, p.PSN)
+		return false
+	}
+	s.hasRecv = true
+	s.recvSG, s.recvLen = s.recvSG[:0], 0
+	for _, g := range s.scratch {
+		if g.ByteCount == 0 {
+			continue
+		}
+		m := d.lookupMR(g.LKey)
+		if m == nil || m.pd != pd || m.access&accLocalWrite == 0 || !m.contains(g.Addr, uint64(g.ByteCount)) {
+			d.recvError(q, mlx4hw.SyndromeLocalProtErr)
+			d.fatal(q, p, roce.NakRemoteOpErr)
+			return false
+		}
+		s.recvSG = append(s.recvSG, lsge{m: m, va: g.Addr, n: g.ByteCount})
+		s.recvLen += g.ByteCount
+	}
+	return true
+}
+
+// completeRecv writes the receive completion of the message that ends.
+func (d *Device) completeRecv(q *qp, e *mlx4hw.CQE, solicited bool) {
+	s := &q.resp
+	e.MyQPN = q.num
+	e.GMLPath = 1<<31 | q.destQPN // RoCE packets always carry a GRH
+	e.WQEIndex = uint16(s.recvIdx)
+	d.push(q.rcq, e, solicited)
+	s.inMsg, s.hasRecv, s.wm = false, false, nil
+}
+
+// recvError completes the receive WQE in progress with an error.
+func (d *Device) recvError(q *qp, syndrome uint8) {
+	s := &q.resp
+	if !s.hasRecv {
+		return
+	}
+	d.counters.LocalErrors.Add(1)
+	e := mlx4hw.CQE{MyQPN: q.num, WQEIndex: uint16(s.recvIdx), Opcode: mlx4hw.CQEOpError, Syndrome: syndrome}
+	d.push(q.rcq, &e, true)
+	s.hasRecv, s.inMsg = false, false
+}
+
+func (d *Device) recvRead(q *qp, p *roce.Packet) {
+	s := &q.resp
+	if s.inMsg {
+		d.fatal(q, p, roce.NakInvalidRequest)
+		return
+	}
+	m, ok := d.remoteMR(q, p.RKey, p.VA, uint64(p.DMALen), accRemoteRead)
+	if !ok {
+		d.fatal(q, p, roce.NakRemoteAccess)
+		return
+	}
+	mtu := q.mtu()
+	r := d.remember(q)
+	*r = resource{valid: true, psn: p.PSN, npkts: max(1, (p.DMALen+mtu-1)/mtu), m: m, va: p.VA, length: p.DMALen}
+	s.epsn = (s.epsn + r.npkts) & roce.PSNMask
+	s.msn = (s.msn + 1) & roce.PSNMask
+	d.sendReadResponses(q, r, p.PSN)
+}
+
+func (d *Device) recvAtomic(q *qp, p *roce.Packet) {
+	s := &q.resp
+	if s.inMsg {
+		d.fatal(q, p, roce.NakInvalidRequest)
+		return
+	}
+	m, ok := d.remoteMR(q, p.RKey, p.VA, 8, accRemoteAtomic)
+	if !ok {
+		d.fatal(q, p, roce.NakRemoteAccess)
+		return
+	}
+	if p.VA%8 != 0 {
+		d.fatal(q, p, roce.NakInvalidRequest)
+		return
+	}
+	orig, ok := m.atomic(p.VA, p.Opcode.Op(), p.SwapAdd, p.Compare)
+	if !ok {
+		d.fatal(q, p, roce.NakRemoteOpErr)
+		return
+	}
+	r := d.remember(q)
+	*r = resource{valid: true, atomic: true, psn: p.PSN, npkts: 1, orig: orig}
+	s.epsn = (s.epsn + 1) & roce.PSNMask
+	s.msn = (s.msn + 1) & roce.PSNMask
+	d.sendAtomicAck(q, r)
+}
+
+// remember returns the next slot for a READ or atomic resource.
+func (d *Device) remember(q *qp) *resource {
+	s := &q.resp
+	r := &s.res[s.resNext]
+	s.resNext = (s.resNext + 1) % maxResources
+	return r
+}
+
+// sendReadResponses sends the responses of a READ from PSN from.
+func (d *Device) sendReadResponses(q *qp, r *resource, from uint32) {
+	mtu := q.mtu()
+	for k := uint32(roce.PSNDiff(from, r.psn)); k < r.npkts; k++ {
+		p := d.newPacket(q)
+		p.PSN = (r.psn + k) & roce.PSNMask
+		first, last := k == 0, k == r.npkts-1
+		switch {
+		case first && last:
+			p.Opcode = roce.ReadResponseOnly
+		case first:
+			p.Opcode = roce.ReadResponseFirst
+		case last:
+			p.Opcode = roce.ReadResponseLast
+		default:
+			p.Opcode = roce.ReadResponseMiddle
+		}
+		if first || last {
+			p.Syndrome, p.MSN = roce.AETHAck|roce.AETHInvalidCredits, q.resp.msn
+		}
+		off := k * mtu
+		n := min(mtu, r.length-min(off, r.length))
+		p.Payload = p.Payload[:n]
+		if n > 0 && !r.m.read(r.va+uint64(off), p.Payload) {
+			putPacket(p)
+			d.fatal(q, &roce.Packet{PSN: p.PSN}, roce.NakRemoteOpErr)
+			return
+		}
+		d.eng.send(p)
+	}
+}
+
+func (d *Device) sendAtomicAck(q *qp, r *resource) {
+	p := d.newPacket(q)
+	p.Opcode = roce.AtomicAcknowledge
+	p.PSN = r.psn
+	p.Syndrome, p.MSN = roce.AETHAck|roce.AETHInvalidCredits, q.resp.msn
+	p.OrigData = r.orig
+	d.eng.send(p)
+}
+
+// duplicate answers a request the responder has already executed: READs
+// and atomics are answered again from what was remembered, SENDs and
+// WRITEs are acknowledged again.
+func (d *Device) duplicate(q *qp, p *roce.Packet) {
+	s := &q.resp
+	op := p.Opcode
+	if op.IsRead() || op.IsAtomic() {
+		for i := range s.res {
+			r := &s.res[i]
+			if !r.valid || r.atomic != op.IsAtomic() {
+				continue
+			}
+			if dd := roce.PSNDiff(p.PSN, r.psn); dd >= 0 && uint32(dd) < r.npkts {
+				if r.atomic {
+					d.sendAtomicAck(q, r)
+				} else {
+					d.sendReadResponses(q, r, p.PSN)
+				}
+				return
+			}
+		}
+		return // too old to answer
+	}
+	if !s.ackDue {
+		s.ackDue = true
+		d.eng.acks = append(d.eng.acks, q)
+	}
+}
+
+// sendAck acknowledges everything up to the expected PSN.
+func (d *Device) sendAck(q *qp) {
+	if q.state == qpstate.Err || q.state == qpstate.Reset {
+		return
+	}
+	d.sendNak(q, roce.AETHAck|roce.AETHInvalidCredits, (q.resp.epsn-1)&roce.PSNMask)
+}
+
+// sendNak sends an Acknowledge packet with the given syndrome (an ACK, an
+// RNR NAK or a NAK) for psn.
+func (d *Device) sendNak(q *qp, syndrome uint8, psn uint32) {
+	if syndrome&roce.AETHKind != roce.AETHAck {
+		d.counters.NaksSent.Add(1)
+	}
+	p := d.newPacket(q)
+	p.Opcode = roce.Acknowledge
+	p.PSN = psn
+	p.Syndrome, p.MSN = syndrome, q.resp.msn
+	d.eng.send(p)
+}
+
+// flush completes every outstanding work request of a QP that entered the
+// error state with WR_FLUSH_ERR: the send WQEs the requester holds or that
+// are posted, and the posted receive WQEs. A QP on an SRQ leaves the SRQ's
+// WQEs alone and reports its last WQE reached instead.
+func (d *Device) flush(q *qp) {
+	r := &q.req
+	for _, w := range r.q {
+		d.flushCQE(q.scq, q.num, w.idx, true)
+		r.free(w)
+	}
+	r.q, r.sendIdx, r.rdAtomic = r.q[:0], 0, 0
+	d.eng.setTimer(q, time.Time{})
+	d.flushPosted(q)
+	s := &q.resp
+	if s.hasRecv {
+		d.flushCQE(q.rcq, q.num, s.recvIdx, false)
+		s.hasRecv, s.inMsg = false, false
+	}
+	if q.srq != nil {
+		q.client.asyncEvent(q.userHandle, evQPLastWQEReached)
+	}
+}
+
+// flushPosted flushes the WQEs posted to a QP in the error state since the
+// last look.
+func (d *Device) flushPosted(q *qp) {
+	r := &q.req
+	for sqOwned(q, r.head) {
+		d.flushCQE(q.scq, q.num, r.head, true)
+		r.head++
+	}
+	if q.srq == nil && q.rqDB != nil {
+		for uint16(mlx4hw.LoadBE32(q.rqDB))-uint16(q.rqTook) != 0 {
+			d.flushCQE(q.rcq, q.num, q.rqTook&(q.rq.cnt-1), false)
+			q.rqTook++
+		}
+	}
+}
+
+func (d *Device) flushCQE(c *cq, qpn, idx uint32, send bool) {
+	e := mlx4hw.CQE{MyQPN: qpn, WQEIndex: uint16(idx), IsSend: send, Opcode: mlx4hw.CQEOpError,
+		Syndrome: mlx4hw.SyndromeWRFlushErr}
+	d.push(c, &e, true)
+}
