@@ -126,19 +126,27 @@ func (cq *CQ) complete(e *mlx4hw.CQE, wc *verbs.WorkCompletion) error {
 		}
 		cq.lastQP = qp
 	}
-	*wc = verbs.WorkCompletion{QPNum: qpn}
+	var id uint64
 	switch {
 	case e.IsSend:
-		wc.WRID = qp.sq.retire(e.WQEIndex)
+		id = qp.sq.retire(e.WQEIndex)
 	case qp.srq != nil:
-		wc.WRID = qp.srq.retire(e.WQEIndex)
+		id = qp.srq.retire(e.WQEIndex)
 	default:
-		wc.WRID = qp.rq.retireNext()
+		id = qp.rq.retireNext()
 	}
+	fillWC(e, wc)
+	wc.WRID = id
+	return nil
+}
+
+// fillWC turns a CQE into a work completion, all but its wr_id.
+func fillWC(e *mlx4hw.CQE, wc *verbs.WorkCompletion) {
+	*wc = verbs.WorkCompletion{QPNum: e.MyQPN}
 	if e.IsError() {
 		wc.Status = syndromeStatus(e.Syndrome)
 		wc.VendorErr = uint32(e.VendorErr)
-		return nil
+		return
 	}
 	if e.IsSend {
 		switch e.Opcode {
@@ -162,7 +170,7 @@ func (cq *CQ) complete(e *mlx4hw.CQE, wc *verbs.WorkCompletion) error {
 		default:
 			wc.Opcode = verbs.WCSend
 		}
-		return nil
+		return
 	}
 	wc.ByteLen = e.ByteCnt
 	switch e.Opcode {
@@ -187,7 +195,6 @@ func (cq *CQ) complete(e *mlx4hw.CQE, wc *verbs.WorkCompletion) error {
 		wc.Flags |= verbs.WCWithGRH
 	}
 	wc.SL = uint8(e.SLVID >> 13) // RoCE: the priority bits of the VLAN tag
-	return nil
 }
 
 // syndromeStatus maps an error CQE's syndrome to a completion status.

@@ -327,7 +327,7 @@ func (qp *QP) checkSend(wr *verbs.SendWR, n uint32) error {
 	fail := func(errno unix.Errno, format string, args ...any) error {
 		return &verbs.PostError{Index: int(n), Err: unix.Errorf(errno, format, args...)}
 	}
-	if qp.sq.full(n + 1) {
+	if qp.sq.full(n) {
 		return fail(unix.ENOMEM, "send queue full (%d outstanding)", qp.sq.maxPost)
 	}
 	if int(wr.Opcode) >= len(sendOpcodes) {
@@ -386,7 +386,7 @@ func (qp *QP) PostRecv(wr *verbs.RecvWR) error {
 	var err error
 	n := uint32(0)
 	for ; wr != nil; wr, n = wr.Next, n+1 {
-		if qp.rq.full(n + 1) {
+		if qp.rq.full(n) {
 			err = &verbs.PostError{Index: int(n), Err: unix.Error(unix.ENOMEM, "receive queue full")}
 			break
 		}

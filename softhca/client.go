@@ -25,6 +25,7 @@ type Client struct {
 	channels   map[int32]*compChannel // by the fd number the client was given
 	asyncDev   int                    // the device's end of the async event socket
 	asyncUser  int                    // the client's end, until GET_CONTEXT hands it out
+	handedOut  []int                  // event fds given to the client, which closes them
 }
 
 // memory is how the device reaches a client's memory.

@@ -5,7 +5,6 @@ package softhca
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"unsafe"
 
 	"github.com/xrcrun/xrc/internal/unix"
@@ -129,6 +128,14 @@ func (c *Client) run(r *request) error {
 	if !ok {
 		return unix.Errorf(unix.EOPNOTSUPP, "command %d", r.op)
 	}
+	// Check that the response can be written before the command changes
+	// anything, so that a bad response address leaves no trace.
+	if r.outLen > 0 {
+		var zeros [maxResponse]byte
+		if err := c.mem.write(r.resp, zeros[:min(r.outLen, maxResponse)]); err != nil {
+			return err
+		}
+	}
 	d.mu.Lock()
 	if c.closed || d.closed {
 		d.mu.Unlock()
@@ -152,12 +159,15 @@ func (c *Client) run(r *request) error {
 	return c.mem.write(r.resp, resp[:min(len(resp), r.outLen)])
 }
 
+// maxResponse bounds the responses of the commands the device knows.
+const maxResponse = 256
+
 // payload decodes the core request T of r and returns the driver data after
 // it.
 func payload[T any](r *request) (T, []byte, error) {
 	t, ok := uverbs.Decode[T](r.in)
 	if !ok {
-		return t, nil, unix.Errorf(unix.EINVAL, "command %d: %d bytes for a %d-byte request", r.op, len(r.in), unsafe.Sizeof(t))
+		return t, nil, unix.Errorf(unix.ENOSPC, "command %d: %d bytes for a %d-byte request", r.op, len(r.in), unsafe.Sizeof(t))
 	}
 	return t, r.in[unsafe.Sizeof(t):], nil
 }
@@ -187,5 +197,3 @@ func response[C, D any](r *request, core *C, drv *D) ([]byte, error) {
 
 // noDriver is the driver part of responses without one.
 type noDriver = struct{}
-
-var errNoCtx = fmt.Errorf("no context")

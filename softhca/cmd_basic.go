@@ -33,6 +33,7 @@ func (d *Device) cmdGetContext(r *request) ([]byte, error) {
 		return nil, err
 	}
 	c.hasContext = true
+	c.handedOut = append(c.handedOut, c.asyncUser)
 	c.asyncUser = -1 // the client owns it now
 	return resp, nil
 }
@@ -251,6 +252,7 @@ func (d *Device) cmdCreateCompChannel(r *request) ([]byte, error) {
 		old.release()
 	}
 	r.c.channels[int32(fds[1])] = ch
+	r.c.handedOut = append(r.c.handedOut, fds[1])
 	core.FD = uint32(fds[1])
 	return response[uverbs.CreateCompChannelResp, noDriver](r, &core, nil)
 }

@@ -3,6 +3,7 @@ package softhca_test
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -28,6 +29,11 @@ func newDevice(t testing.TB, f *softhca.Fabric) *softhca.Device {
 	t.Cleanup(func() {
 		if err := d.Close(); err != nil {
 			t.Error(err)
+		}
+		// The fabric loses nothing, so only a test that talks to nobody
+		// may see the transport timer fire.
+		if n := d.Counters().AckTimeouts.Load(); n > 0 && !strings.HasSuffix(t.Name(), "RetryExceeded") {
+			t.Errorf("%s: transport timer fired %d times on a lossless fabric", d.Name(), n)
 		}
 	})
 	return d

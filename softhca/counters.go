@@ -24,6 +24,7 @@ type Counters struct {
 	RNRNaksReceived    atomic.Uint64
 	NaksSent           atomic.Uint64
 	Retransmits        atomic.Uint64 // packets sent again
+	AckTimeouts        atomic.Uint64 // transport timer expirations
 
 	BadCommands   atomic.Uint64 // commands rejected for their framing or arguments
 	BadDoorbells  atomic.Uint64 // doorbells naming no queue of the client

@@ -15,6 +15,7 @@ import (
 const (
 	maxOutstanding = 1024 // WQEs fetched and not completed, per QP
 	sendWindow     = 512  // packets sent and not acknowledged, per QP
+	ackEvery       = 64   // packets between acknowledgement requests
 )
 
 // Classes of send work requests.
@@ -140,6 +141,14 @@ func (d *Device) pump(q *qp) {
 		if w.sent == 0 && (w.w.Fence && r.rdAtomic > 0 || w.rdAtomic() && r.rdAtomic >= int(max(q.maxRdAtomic, 1))) {
 			break
 		}
+		if w.rdAtomic() {
+			// One request packet; the responses take up the rest of
+			// the PSNs.
+			if w.sent == 0 {
+				d.sendRequest(q, w, 0)
+				w.sent = w.npkts
+			}
+		}
 		for w.sent < w.npkts && roce.PSNDiff((w.psn+w.sent)&roce.PSNMask, r.acked) <= sendWindow {
 			d.sendRequest(q, w, w.sent)
 			w.sent++
@@ -255,6 +264,9 @@ func (d *Device) sendRequest(q *qp, w *swqe, k uint32) {
 		}
 		p.Payload = p.Payload[:n]
 		d.gather(w, off, p.Payload)
+		// Ask for an acknowledgement now and then inside long messages, so
+		// that the send window keeps moving.
+		p.AckReq = p.AckReq || p.PSN%ackEvery == ackEvery-1
 	case classRead:
 		p.Opcode = roce.ReadRequest
 		p.VA, p.RKey, p.DMALen = w.w.RemoteAddr, w.w.RKey, w.length
@@ -582,6 +594,7 @@ func (d *Device) timeout(q *qp, now time.Time) {
 	if len(r.q) == 0 {
 		return
 	}
+	d.counters.AckTimeouts.Add(1)
 	if r.retries == 0 {
 		d.counters.LocalAckTimeoutErr.Add(1)
 		d.requestError(q, r.q[0], mlx4hw.SyndromeRetryExcErr)

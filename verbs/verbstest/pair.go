@@ -284,3 +284,26 @@ func waitAsync(t testing.TB, c *verbs.Context, typ verbs.EventType) verbs.AsyncE
 	}
 }
 
+
+// Endpoint is one side of a connected pair, for benchmarks and tests
+// outside this package.
+type Endpoint struct {
+	Ctx *verbs.Context
+	PD  *verbs.PD
+	CQ  *verbs.CQ
+	Buf []byte // registered with MR, bufSize bytes
+	MR  *verbs.MR
+	QP  *verbs.QP
+}
+
+// Connect makes a connected RC pair on env, each side with a registered
+// buffer of bufSize bytes (all access rights) and a 256-entry CQ. Its QPs
+// take 64 outstanding requests each way.
+func Connect(tb testing.TB, env Env, bufSize int) (a, b Endpoint) {
+	tb.Helper()
+	o := defaultOpts()
+	o.bufSize = bufSize
+	p := newPair(tb, env, o)
+	ep := func(s *side) Endpoint { return Endpoint{Ctx: s.ctx, PD: s.pd, CQ: s.cq, Buf: s.buf, MR: s.mr, QP: s.qp} }
+	return ep(p.a), ep(p.b)
+}

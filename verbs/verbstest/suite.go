@@ -21,6 +21,7 @@ func Run(t *testing.T, env Env) {
 		{"Device", testDevice},
 		{"SendRecv", testSendRecv},
 		{"SendWithImm", testSendWithImm},
+		{"LargeMessages", testLargeMessages},
 		{"RDMAWrite", testRDMAWrite},
 		{"RDMAWriteWithImm", testRDMAWriteWithImm},
 		{"RDMARead", testRDMARead},
@@ -104,6 +105,30 @@ func testSendRecv(t *testing.T, env Env) {
 	p := newPair(t, env, defaultOpts())
 	for i, n := range []int{0, 1, 8, 1000, 1024, 1025, 4096, 65536, 300000} {
 		sendRecv(t, p, n, byte(i))
+	}
+}
+
+// testLargeMessages moves messages of many MTUs, more than any send window
+// holds, with each operation.
+func testLargeMessages(t *testing.T, env Env) {
+	o := defaultOpts()
+	o.bufSize = 8 << 20
+	p := newPair(t, env, o)
+	const n = 3<<20 + 77
+	sendRecv(t, p, n, 42)
+	fill(p.a.buf[:n], 43)
+	check(t, p.a.qp.PostSend(&verbs.SendWR{WRID: 1, Opcode: verbs.WRRDMAWrite, Flags: verbs.SendSignaled,
+		SG: []verbs.SGE{p.a.mr.SGE(0, n)}, RemoteAddr: p.b.mr.Addr() + 4<<20, RKey: p.b.mr.RKey()}))
+	pollOne(t, p.a.cq, verbs.WCSuccess, 1)
+	if !bytes.Equal(p.b.buf[4<<20:4<<20+n], p.a.buf[:n]) {
+		t.Fatal("large write: data differs")
+	}
+	fill(p.b.buf[:n], 44)
+	check(t, p.a.qp.PostSend(&verbs.SendWR{WRID: 2, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
+		SG: []verbs.SGE{p.a.mr.SGE(4<<20, n)}, RemoteAddr: p.b.mr.Addr(), RKey: p.b.mr.RKey()}))
+	pollOne(t, p.a.cq, verbs.WCSuccess, 2)
+	if !bytes.Equal(p.a.buf[4<<20:4<<20+n], p.b.buf[:n]) {
+		t.Fatal("large read: data differs")
 	}
 }
 
