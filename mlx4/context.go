@@ -112,7 +112,7 @@ func (c *Context) QueryDevice() (verbs.DeviceAttr, error) {
 		return verbs.DeviceAttr{}, err
 	}
 	return verbs.DeviceAttr{
-		FwVer: fmt.Sprintf("%d.%d.%03d", (r.FwVer>>32)&0xffff, (r.FwVer>>16)&0xffff, r.FwVer&0xffff),
+		FwVer:    fmt.Sprintf("%d.%d.%03d", (r.FwVer>>32)&0xffff, (r.FwVer>>16)&0xffff, r.FwVer&0xffff),
 		NodeGUID: be64(r.NodeGUID), SysImageGUID: be64(r.SysImageGUID),
 		MaxMRSize: r.MaxMRSize, PageSizeCap: r.PageSizeCap,
 		VendorID: r.VendorID, VendorPartID: r.VendorPartID, HWVer: r.HwVer,

@@ -24,10 +24,10 @@ type CQ struct {
 	n      uint32 // entries, a power of two
 	db     []byte // doorbell record: set_ci word, then arm word
 
-	mu      sync.Mutex // serializes Poll, Arm and cleaning
-	ci      uint32     // guarded by mu: consumer index
-	armSN   uint32     // guarded by mu: arm sequence number
-	lastQP  *QP        // guarded by mu: the QP of the last CQE, a lookup cache
+	mu     sync.Mutex // serializes Poll, Arm and cleaning
+	ci     uint32     // guarded by mu: consumer index
+	armSN  uint32     // guarded by mu: arm sequence number
+	lastQP *QP        // guarded by mu: the QP of the last CQE, a lookup cache
 }
 
 // CreateCQ allocates the CQE ring and a doorbell record and issues

@@ -14,7 +14,7 @@ type recordUAR struct{ w32 []uint32 }
 
 func (u *recordUAR) Write32(off int, v uint32) { u.w32 = append(u.w32, uint32(off), v) }
 func (u *recordUAR) Write64(off int, v uint64) {}
-func (u *recordUAR) Close() error             { return nil }
+func (u *recordUAR) Close() error              { return nil }
 
 // testQP is a QP with a send queue and no device behind it.
 func testQP(t *testing.T, c verbs.QPCap) (*QP, *recordUAR) {

@@ -285,8 +285,8 @@ type Timer interface {
 
 type realClock struct{}
 
-func (realClock) Now() time.Time                              { return time.Now() }
-func (realClock) AfterFunc(d time.Duration, f func()) Timer   { return time.AfterFunc(d, f) }
+func (realClock) Now() time.Time                            { return time.Now() }
+func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
 // withDeviceLock runs f with the device mutex held; for tests.
 func (d *Device) withDeviceLock(f func()) {

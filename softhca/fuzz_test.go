@@ -24,7 +24,7 @@ const (
 const (
 	fuzzBase = 0x7f0000000000 // where the fake client memory starts
 	fuzzSize = 1 << 20
-	respAddr = fuzzBase       // responses land here
+	respAddr = fuzzBase // responses land here
 	mrAddr   = fuzzBase + 4096
 	cqAddr   = fuzzBase + 65536
 	cqDB     = fuzzBase + 8192

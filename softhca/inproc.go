@@ -48,9 +48,9 @@ type localKernel struct {
 	mem *localMemory
 }
 
-func (k *localKernel) Name() string                 { return k.d.name }
+func (k *localKernel) Name() string                  { return k.d.name }
 func (k *localKernel) Write(cmd []byte) (int, error) { return k.c.Write(cmd) }
-func (k *localKernel) Close() error                 { return k.c.Close() }
+func (k *localKernel) Close() error                  { return k.c.Close() }
 
 func (k *localKernel) MapUAR() (mlx4.UAR, error) { return &localUAR{e: k.d.eng, c: k.c}, nil }
 
@@ -96,7 +96,7 @@ type localUAR struct {
 
 func (u *localUAR) Write32(off int, v uint32) { u.e.ring(u.c, off, uint64(v)) }
 func (u *localUAR) Write64(off int, v uint64) { u.e.ring(u.c, off, v) }
-func (u *localUAR) Close() error             { return nil }
+func (u *localUAR) Close() error              { return nil }
 
 // The devices of this process, for the "soft" verbs driver.
 var local struct {

@@ -35,21 +35,21 @@ type qp struct {
 	srq        *srq
 	caps       uverbs.QPCap
 
-	sq    ring
-	rq    ring
-	rqGS  int
-	rqDB  []byte // producer counter of the receive queue (16 bits)
+	sq     ring
+	rq     ring
+	rqGS   int
+	rqDB   []byte // producer counter of the receive queue (16 bits)
 	rqTook uint32 // receive WQEs consumed
 
 	// Attributes.
 	qkey, rqPSN, sqPSN, destQPN, access uint32
-	pkeyIndex                          uint16
-	pathMTU, port                      uint8
-	ah                                 uverbs.QPDest
-	timeout, retryCnt, rnrRetry        uint8
-	minRNRTimer                        uint8
-	maxRdAtomic, maxDestRdAtomic       uint8
-	sqdNotify                          bool
+	pkeyIndex                           uint16
+	pathMTU, port                       uint8
+	ah                                  uverbs.QPDest
+	timeout, retryCnt, rnrRetry         uint8
+	minRNRTimer                         uint8
+	maxRdAtomic, maxDestRdAtomic        uint8
+	sqdNotify                           bool
 
 	req  requester
 	resp responder

@@ -99,33 +99,33 @@ func MTUFromBytes(n int) (MTU, error) {
 
 // DeviceAttr holds what QueryDevice reports (struct ibv_device_attr).
 type DeviceAttr struct {
-	FwVer            string
-	NodeGUID         uint64
-	SysImageGUID     uint64
-	MaxMRSize        uint64
-	PageSizeCap      uint64
-	VendorID         uint32
-	VendorPartID     uint32
-	HWVer            uint32
-	MaxQP            uint32
-	MaxQPWR          uint32
-	DeviceCapFlags   DeviceCap
-	MaxSGE           uint32
-	MaxSGERd         uint32
-	MaxCQ            uint32
-	MaxCQE           uint32
-	MaxMR            uint32
-	MaxPD            uint32
-	MaxQPRdAtom      uint32
-	MaxResRdAtom     uint32
-	MaxQPInitRdAtom  uint32
-	AtomicCap        AtomicCap
-	MaxSRQ           uint32
-	MaxSRQWR         uint32
-	MaxSRQSGE        uint32
-	MaxPkeys         uint16
-	LocalCAAckDelay  uint8
-	PhysPortCnt      uint8
+	FwVer           string
+	NodeGUID        uint64
+	SysImageGUID    uint64
+	MaxMRSize       uint64
+	PageSizeCap     uint64
+	VendorID        uint32
+	VendorPartID    uint32
+	HWVer           uint32
+	MaxQP           uint32
+	MaxQPWR         uint32
+	DeviceCapFlags  DeviceCap
+	MaxSGE          uint32
+	MaxSGERd        uint32
+	MaxCQ           uint32
+	MaxCQE          uint32
+	MaxMR           uint32
+	MaxPD           uint32
+	MaxQPRdAtom     uint32
+	MaxResRdAtom    uint32
+	MaxQPInitRdAtom uint32
+	AtomicCap       AtomicCap
+	MaxSRQ          uint32
+	MaxSRQWR        uint32
+	MaxSRQSGE       uint32
+	MaxPkeys        uint16
+	LocalCAAckDelay uint8
+	PhysPortCnt     uint8
 }
 
 // DeviceCap is the device capability mask (enum ib_uverbs_device_cap_flags).
@@ -382,12 +382,12 @@ type QPAttr struct {
 
 // QPInitAttr describes a QP to create (struct ibv_qp_init_attr).
 type QPInitAttr struct {
-	Type    QPType
-	SendCQ  *CQ
-	RecvCQ  *CQ
-	SRQ     *SRQ // receives come from this SRQ instead of a receive queue
-	Cap     QPCap
-	SigAll  bool // every send request generates a completion
+	Type   QPType
+	SendCQ *CQ
+	RecvCQ *CQ
+	SRQ    *SRQ // receives come from this SRQ instead of a receive queue
+	Cap    QPCap
+	SigAll bool // every send request generates a completion
 }
 
 // SRQAttr holds SRQ attributes (struct ibv_srq_attr).

@@ -192,25 +192,25 @@ type EventType uint32
 
 // Async event types.
 const (
-	EventCQErr              EventType = 0
-	EventQPFatal            EventType = 1
-	EventQPReqErr           EventType = 2
-	EventQPAccessErr        EventType = 3
-	EventCommEst            EventType = 4
-	EventSQDrained          EventType = 5
-	EventPathMig            EventType = 6
-	EventPathMigErr         EventType = 7
-	EventDeviceFatal        EventType = 8
-	EventPortActive         EventType = 9
-	EventPortErr            EventType = 10
-	EventLIDChange          EventType = 11
-	EventPkeyChange         EventType = 12
-	EventSMChange           EventType = 13
-	EventSRQErr             EventType = 14
-	EventSRQLimitReached    EventType = 15
-	EventQPLastWQEReached   EventType = 16
-	EventClientReregister   EventType = 17
-	EventGIDChange          EventType = 18
+	EventCQErr            EventType = 0
+	EventQPFatal          EventType = 1
+	EventQPReqErr         EventType = 2
+	EventQPAccessErr      EventType = 3
+	EventCommEst          EventType = 4
+	EventSQDrained        EventType = 5
+	EventPathMig          EventType = 6
+	EventPathMigErr       EventType = 7
+	EventDeviceFatal      EventType = 8
+	EventPortActive       EventType = 9
+	EventPortErr          EventType = 10
+	EventLIDChange        EventType = 11
+	EventPkeyChange       EventType = 12
+	EventSMChange         EventType = 13
+	EventSRQErr           EventType = 14
+	EventSRQLimitReached  EventType = 15
+	EventQPLastWQEReached EventType = 16
+	EventClientReregister EventType = 17
+	EventGIDChange        EventType = 18
 )
 
 var eventNames = [...]string{

@@ -121,15 +121,15 @@ type WCOpcode uint32
 
 // Work completion opcodes.
 const (
-	WCSend             WCOpcode = 0
-	WCRDMAWrite        WCOpcode = 1
-	WCRDMARead         WCOpcode = 2
-	WCCompSwap         WCOpcode = 3
-	WCFetchAdd         WCOpcode = 4
-	WCBindMW           WCOpcode = 5
-	WCLocalInv         WCOpcode = 6
-	WCRecv             WCOpcode = 128 // receive of a SEND
-	WCRecvRDMAWithImm  WCOpcode = 129 // receive of an RDMA WRITE with immediate
+	WCSend            WCOpcode = 0
+	WCRDMAWrite       WCOpcode = 1
+	WCRDMARead        WCOpcode = 2
+	WCCompSwap        WCOpcode = 3
+	WCFetchAdd        WCOpcode = 4
+	WCBindMW          WCOpcode = 5
+	WCLocalInv        WCOpcode = 6
+	WCRecv            WCOpcode = 128 // receive of a SEND
+	WCRecvRDMAWithImm WCOpcode = 129 // receive of an RDMA WRITE with immediate
 )
 
 func (o WCOpcode) String() string {

@@ -72,9 +72,9 @@ const (
 // Control segment flags (the low byte of srcrb_flags), the owner bit, and
 // the fence bit of fence_size.
 const (
-	CtrlSolicit  = 1 << 1
-	CtrlCQUpdate = 3 << 2
-	CtrlFence    = 1 << 6
+	CtrlSolicit     = 1 << 1
+	CtrlCQUpdate    = 3 << 2
+	CtrlFence       = 1 << 6
 	CtrlStrongOrder = 1 << 7
 
 	OwnerBit = 1 << 31

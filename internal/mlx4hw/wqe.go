@@ -12,9 +12,9 @@ import (
 type SendWQE struct {
 	Owner      bool
 	Opcode     uint8
-	Size16     int   // descriptor size in 16-byte units
+	Size16     int // descriptor size in 16-byte units
 	Fence      bool
-	Flags      uint8 // low byte of srcrb_flags: CtrlCQUpdate, CtrlSolicit, ...
+	Flags      uint8  // low byte of srcrb_flags: CtrlCQUpdate, CtrlSolicit, ...
 	RemoteSRQN uint32 // XRC: the remote SRQ number (high 24 bits of srcrb_flags)
 	Imm        uint32 // immediate data as the sender gave it
 	RemoteAddr uint64

@@ -142,16 +142,16 @@ func init() {
 		table[s][Err] = any
 	}
 	table[Reset][Init] = &transition{req: map[Type]Mask{
-		UD: AttrPkeyIndex | AttrPort | AttrQkey,
-		UC: AttrPkeyIndex | AttrPort | AttrAccessFlags,
-		RC: AttrPkeyIndex | AttrPort | AttrAccessFlags,
+		UD:     AttrPkeyIndex | AttrPort | AttrQkey,
+		UC:     AttrPkeyIndex | AttrPort | AttrAccessFlags,
+		RC:     AttrPkeyIndex | AttrPort | AttrAccessFlags,
 		XRCIni: AttrPkeyIndex | AttrPort | AttrAccessFlags,
 		XRCTgt: AttrPkeyIndex | AttrPort | AttrAccessFlags,
 	}}
 	table[Init][Init] = &transition{opt: map[Type]Mask{
-		UD: AttrPkeyIndex | AttrPort | AttrQkey,
-		UC: AttrPkeyIndex | AttrPort | AttrAccessFlags,
-		RC: AttrPkeyIndex | AttrPort | AttrAccessFlags,
+		UD:     AttrPkeyIndex | AttrPort | AttrQkey,
+		UC:     AttrPkeyIndex | AttrPort | AttrAccessFlags,
+		RC:     AttrPkeyIndex | AttrPort | AttrAccessFlags,
 		XRCIni: AttrPkeyIndex | AttrPort | AttrAccessFlags,
 		XRCTgt: AttrPkeyIndex | AttrPort | AttrAccessFlags,
 	}}

@@ -183,7 +183,7 @@ func PSNDiff(a, b uint32) int32 {
 // headers; who owns its memory is stated by whoever hands the packet over.
 type Packet struct {
 	Opcode Opcode
-	SE     bool  // solicited event
+	SE     bool // solicited event
 	MigReq bool
 	Pad    uint8 // pad count
 	TVer   uint8

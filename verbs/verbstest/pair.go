@@ -284,7 +284,6 @@ func waitAsync(t testing.TB, c *verbs.Context, typ verbs.EventType) verbs.AsyncE
 	}
 }
 
-
 // Endpoint is one side of a connected pair, for benchmarks and tests
 // outside this package.
 type Endpoint struct {
@@ -304,6 +303,8 @@ func Connect(tb testing.TB, env Env, bufSize int) (a, b Endpoint) {
 	o := defaultOpts()
 	o.bufSize = bufSize
 	p := newPair(tb, env, o)
-	ep := func(s *side) Endpoint { return Endpoint{Ctx: s.ctx, PD: s.pd, CQ: s.cq, Buf: s.buf, MR: s.mr, QP: s.qp} }
+	ep := func(s *side) Endpoint {
+		return Endpoint{Ctx: s.ctx, PD: s.pd, CQ: s.cq, Buf: s.buf, MR: s.mr, QP: s.qp}
+	}
 	return ep(p.a), ep(p.b)
 }
