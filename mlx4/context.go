@@ -33,6 +33,7 @@ type Context struct {
 	k      Kernel
 	conn   *uverbs.Conn
 	uar    UAR
+	yield  func() // from a Yielder Kernel, or nil
 	async  *os.File
 	caps   mlx4abi.IBAllocUcontextResp
 	cqe    int // CQE size in bytes
@@ -56,6 +57,9 @@ func Open(k Kernel) (*Context, error) {
 		return nil, err
 	}
 	c := &Context{k: k, conn: conn, qps: map[uint32]*QP{}}
+	if y, ok := k.(Yielder); ok {
+		c.yield = y.Yield
+	}
 	c.db.k = k
 	var req uverbs.Cmd[uverbs.GetContext]
 	var resp mlx4abi.AllocUcontextResp

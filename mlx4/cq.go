@@ -109,6 +109,9 @@ func (cq *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {
 	if cq.ci != cq.lastCI() {
 		mlx4hw.StoreBE32(cq.db[0:], cq.ci&0xffffff)
 	}
+	if n == 0 && err == nil && cq.ctx.yield != nil {
+		cq.ctx.yield()
+	}
 	return n, err
 }
 

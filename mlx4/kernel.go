@@ -39,6 +39,14 @@ type Kernel interface {
 	Close() error
 }
 
+// Yielder is implemented by a Kernel whose device shares the process's
+// CPUs with its users: a software HCA running in the same process. Poll
+// calls Yield when it finds a CQ empty, so that a caller spinning on Poll
+// lets the device make progress. Hardware needs no such thing.
+type Yielder interface {
+	Yield()
+}
+
 // UAR is a mapped doorbell page. Writes are posted to the device in program
 // order.
 type UAR interface {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"sync"
 
@@ -51,6 +52,10 @@ type localKernel struct {
 func (k *localKernel) Name() string                  { return k.d.name }
 func (k *localKernel) Write(cmd []byte) (int, error) { return k.c.Write(cmd) }
 func (k *localKernel) Close() error                  { return k.c.Close() }
+
+// Yield lets the device's engine run when a poller finds nothing: the
+// engine is a goroutine on the same CPUs.
+func (k *localKernel) Yield() { runtime.Gosched() }
 
 func (k *localKernel) MapUAR() (mlx4.UAR, error) { return &localUAR{e: k.d.eng, c: k.c}, nil }
 

@@ -18,8 +18,9 @@ type SRQ struct {
 	life   lifecycle
 }
 
-// CreateSRQ creates an SRQ. attr.SRQLimit, when not zero, arms the limit
-// event at once.
+// CreateSRQ creates an SRQ of at least attr.MaxWR receive requests of
+// attr.MaxSGE entries. As in ibverbs, attr.SRQLimit is not armed at
+// creation: arm the limit event with Modify.
 func (pd *PD) CreateSRQ(attr SRQAttr) (*SRQ, error) {
 	if attr.MaxWR == 0 || attr.MaxSGE == 0 {
 		return nil, fmt.Errorf("create srq: max_wr and max_sge must not be 0: %w", syscall.EINVAL)

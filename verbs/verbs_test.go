@@ -1,0 +1,120 @@
+package verbs
+
+import (
+	"context"
+	"errors"
+	"os"
+	"syscall"
+	"testing"
+)
+
+// capsProvider is a provider that only answers QueryDevice: enough for the
+// feature probes.
+type capsProvider struct {
+	Provider
+	caps    DeviceCap
+	queries int
+	err     error
+}
+
+func (p *capsProvider) QueryDevice() (DeviceAttr, error) {
+	p.queries++
+	return DeviceAttr{DeviceCapFlags: p.caps}, p.err
+}
+
+func TestFeatureProbe(t *testing.T) {
+	p := &capsProvider{}
+	c := NewContext("fake0", p, Config{})
+	err := c.Supports(FeatureSRQResize)
+	var ufe *UnsupportedFeatureError
+	if !errors.Is(err, ErrNotSupported) || !errors.As(err, &ufe) || ufe.Feature != FeatureSRQResize {
+		t.Fatalf("probe without the capability: %v", err)
+	}
+	if c.Supports(FeatureSRQResize) == nil || p.queries != 1 {
+		t.Fatalf("probe not cached: %d queries", p.queries)
+	}
+	p2 := &capsProvider{caps: DeviceCapSRQResize}
+	if err := NewContext("fake1", p2, Config{}).Supports(FeatureSRQResize); err != nil {
+		t.Fatalf("probe with the capability: %v", err)
+	}
+	// A device that cannot be queried is no verdict, and is not cached.
+	p3 := &capsProvider{err: syscall.EIO}
+	c3 := NewContext("fake2", p3, Config{})
+	if err := c3.Supports(FeatureSRQResize); !errors.Is(err, syscall.EIO) || errors.Is(err, ErrNotSupported) {
+		t.Fatalf("probe of a failing device: %v", err)
+	}
+	if err := c3.Supports(Feature(99)); !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("unknown feature: %v", err)
+	}
+}
+
+func TestAllocFree(t *testing.T) {
+	b, err := Alloc(10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) != 10000 || uintptrOf(b)%uintptr(os.Getpagesize()) != 0 {
+		t.Fatalf("Alloc: %d bytes at %#x", len(b), uintptrOf(b))
+	}
+	b[9999] = 1
+	if a := holdAlloc(uintptrOf(b)+100, 9900); a == nil {
+		t.Fatal("a range inside the allocation not found")
+	} else {
+		if err := Free(b); !errors.Is(err, syscall.EBUSY) {
+			t.Fatalf("Free while registered: %v", err)
+		}
+		a.release()
+	}
+	if holdAlloc(uintptrOf(b)+100, 9901) != nil {
+		t.Fatal("a range past the allocation found")
+	}
+	if err := Free(make([]byte, 10)); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("Free of Go memory: %v", err)
+	}
+	if err := Free(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := Free(b); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("double Free: %v", err)
+	}
+}
+
+type listDriver struct {
+	name string
+	devs []DeviceInfo
+	err  error
+}
+
+func (d listDriver) Name() string                  { return d.name }
+func (d listDriver) Devices() ([]DeviceInfo, error) { return d.devs, d.err }
+func (d listDriver) Open(context.Context, string, Config) (Provider, error) {
+	return nil, syscall.ENODEV
+}
+
+func TestDevices(t *testing.T) {
+	RegisterDriver(listDriver{name: "test-a", devs: []DeviceInfo{{Name: "zz9", Driver: "test-a"}}})
+	RegisterDriver(listDriver{name: "test-b", err: syscall.EACCES})
+	devs, err := Devices()
+	if !errors.Is(err, syscall.EACCES) {
+		t.Fatalf("a failing driver's error is not reported: %v", err)
+	}
+	found := false
+	for _, d := range devs {
+		found = found || d.Name == "zz9"
+	}
+	if !found {
+		t.Fatalf("devices %v lack zz9", devs)
+	}
+	if _, err := Open(context.Background(), "zz9", Config{}); !errors.Is(err, syscall.ENODEV) {
+		t.Fatalf("open: %v", err)
+	}
+	if _, err := Open(context.Background(), "nope", Config{}); !errors.Is(err, ErrNoDevice) {
+		t.Fatalf("open of an unknown device: %v", err)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("registering a driver twice did not panic")
+		}
+	}()
+	RegisterDriver(listDriver{name: "test-a"})
+}
