@@ -69,6 +69,9 @@ func (d *Device) cmdQueryPort(r *request) ([]byte, error) {
 		MaxVLNum: 1, ActiveWidth: 1 /* 1X */, ActiveSpeed: 32 /* EDR: 25 Gb/s */, PhysState: 5, /* LinkUp */
 		LinkLayer: 2 /* Ethernet */, Flags: uverbs.QPFGRHRequired,
 	}
+	if !d.portUp.Load() {
+		p.State, p.PhysState = 1 /* DOWN */, 3 /* Disabled */
+	}
 	return response[uverbs.QueryPortResp, noDriver](r, &p, nil)
 }
 

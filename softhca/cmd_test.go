@@ -1,6 +1,7 @@
 package softhca
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"net/netip"
@@ -13,7 +14,7 @@ import (
 
 func testClient(t *testing.T) (*Device, *Client, *fakeMemory) {
 	t.Helper()
-	d, err := New(Config{Name: "cmdtest", Addr: netip.MustParseAddr("127.9.8.1")})
+	d, err := New(context.Background(), Config{Name: "cmdtest", Addr: netip.MustParseAddr("127.9.8.1")})
 	if err != nil {
 		t.Fatal(err)
 	}

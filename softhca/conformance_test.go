@@ -1,6 +1,7 @@
 package softhca_test
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -18,7 +19,7 @@ var devSeq atomic.Uint32
 func newDevice(t testing.TB, f *softhca.Fabric) *softhca.Device {
 	t.Helper()
 	n := devSeq.Add(1)
-	d, err := softhca.New(softhca.Config{
+	d, err := softhca.New(context.Background(), softhca.Config{
 		Name:   fmt.Sprintf("softt%d", n),
 		Addr:   netip.AddrFrom4([4]byte{127, 1, byte(n >> 8), byte(n)}),
 		Fabric: f,

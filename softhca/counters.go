@@ -2,11 +2,15 @@
 
 package softhca
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Counters are the device's port and error counters. The port counters are
-// named as sysfs names them for real HCAs (port_xmit_data counts bytes, not
-// the 4-byte words real ports count).
+// named as sysfs names them for real HCAs (port_xmit_data counts bytes of
+// payload here, not the 4-byte words real ports count).
 type Counters struct {
 	XmitPackets atomic.Uint64 // port_xmit_packets
 	XmitData    atomic.Uint64 // port_xmit_data, in bytes of payload
@@ -35,3 +39,58 @@ type Counters struct {
 
 // Counters returns the device's counters.
 func (d *Device) Counters() *Counters { return &d.counters }
+
+// Each calls f with the name, description and value of every counter, in
+// a fixed order.
+func (c *Counters) Each(f func(name, help string, v uint64)) {
+	for _, x := range []struct {
+		name, help string
+		v          *atomic.Uint64
+	}{
+		{"port_xmit_packets", "Packets sent.", &c.XmitPackets},
+		{"port_xmit_data", "Payload bytes sent.", &c.XmitData},
+		{"port_rcv_packets", "Packets received.", &c.RcvPackets},
+		{"port_rcv_data", "Payload bytes received.", &c.RcvData},
+		{"port_rcv_errors", "Packets dropped as malformed or misdirected.", &c.RcvErrors},
+		{"local_ack_timeout_err", "Requests failed after exhausting transport retries.", &c.LocalAckTimeoutErr},
+		{"rnr_nak_retry_err", "Requests failed after exhausting RNR retries.", &c.RNRNakRetryErr},
+		{"packet_seq_err", "Sequence error NAKs received.", &c.PacketSeqErr},
+		{"duplicate_request", "Duplicate requests received.", &c.DuplicateRequest},
+		{"out_of_sequence", "Requests received ahead of the expected PSN.", &c.OutOfSequence},
+		{"implied_nak_seq_err", "Responses found missing by a later acknowledgement.", &c.ImpliedNakSeqErr},
+		{"rnr_naks_sent", "RNR NAKs sent.", &c.RNRNaksSent},
+		{"rnr_naks_received", "RNR NAKs received.", &c.RNRNaksReceived},
+		{"naks_sent", "NAKs sent.", &c.NaksSent},
+		{"retransmits", "Packets sent again.", &c.Retransmits},
+		{"ack_timeouts", "Transport timer expirations.", &c.AckTimeouts},
+		{"bad_commands", "Commands rejected.", &c.BadCommands},
+		{"bad_doorbells", "Doorbells naming no queue of the client.", &c.BadDoorbells},
+		{"events_dropped", "Events a full or closed channel could not take.", &c.EventsDropped},
+		{"cq_overruns", "Completion queue overruns.", &c.CQOverruns},
+		{"local_errors", "Work requests completed with a local error.", &c.LocalErrors},
+	} {
+		f(x.name, x.help, x.v.Load())
+	}
+}
+
+// collector exports a device's counters and object counts to Prometheus.
+type collector struct{ d *Device }
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	labels := prometheus.Labels{"device": c.d.name}
+	c.d.counters.Each(func(name, help string, v uint64) {
+		desc := prometheus.NewDesc("xrc_softhca_"+name+"_total", help, nil, labels)
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(v))
+	})
+	o := c.d.Objects()
+	for _, x := range []struct {
+		kind string
+		n    int
+	}{{"client", o.Clients}, {"pd", o.PDs}, {"mr", o.MRs}, {"cq", o.CQs}, {"srq", o.SRQs}, {"qp", o.QPs}} {
+		desc := prometheus.NewDesc("xrc_softhca_objects", "Live objects of the device by kind.",
+			[]string{"kind"}, labels)
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, float64(x.n), x.kind)
+	}
+}

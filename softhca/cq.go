@@ -5,6 +5,7 @@ package softhca
 import (
 	"github.com/xrcrun/xrc/internal/mlx4abi"
 	"github.com/xrcrun/xrc/internal/mlx4hw"
+	"github.com/xrcrun/xrc/internal/qpstate"
 	"github.com/xrcrun/xrc/internal/unix"
 	"github.com/xrcrun/xrc/internal/uverbs"
 )
@@ -136,10 +137,13 @@ func (d *Device) push(q *cq, e *mlx4hw.CQE, solicited bool) {
 	}
 	ci := mlx4hw.LoadBE32(q.db[0:]) & 0xffffff
 	if (q.pi-ci)&0xffffff >= q.n {
-		// Overrun: the CQ is in error and reports it once.
+		// Overrun: the CQ is in error and reports it once; the QPs that
+		// use it fail at the end of the engine's round.
 		q.errored = true
 		d.counters.CQOverruns.Add(1)
 		q.client.asyncEvent(q.userHandle, evCQErr)
+		d.eng.overrun = append(d.eng.overrun, q)
+		d.eng.kick()
 		return
 	}
 	e.Owner = q.pi&q.n != 0
@@ -148,6 +152,17 @@ func (d *Device) push(q *cq, e *mlx4hw.CQE, solicited bool) {
 	q.pi++
 	if q.armed == mlx4hw.CQDBReqNot || (q.armed == mlx4hw.CQDBReqNotSol && (solicited || e.IsError())) {
 		d.notify(q)
+	}
+}
+
+// failCQUsers moves every QP that completes into q to the error state with
+// a QP fatal event: its completions have nowhere to go. Caller holds d.mu.
+func (d *Device) failCQUsers(q *cq) {
+	for _, p := range d.qps {
+		if (p.scq == q || p.rcq == q) && p.state != qpstate.Err && p.state != qpstate.Reset {
+			d.setState(p, qpstate.Err)
+			p.client.asyncEvent(p.userHandle, evQPFatal)
+		}
 	}
 }
 

@@ -42,7 +42,10 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/xrcrun/xrc/softhca/roce"
 )
@@ -67,6 +70,10 @@ type Config struct {
 	Clock Clock
 	// Logger receives the device's logs; nil discards them.
 	Logger *slog.Logger
+	// Registerer, when not nil, gets the device's counters and object
+	// counts as Prometheus metrics (labeled with the device name); Close
+	// unregisters them.
+	Registerer prometheus.Registerer
 }
 
 // Limits the device reports and enforces.
@@ -100,8 +107,11 @@ type Device struct {
 	debug bool
 	clock Clock
 
-	fabric *Fabric
-	eng    *engine
+	fabric  *Fabric
+	eng     *engine
+	reg     prometheus.Registerer
+	stopCtx func() bool
+	portUp  atomic.Bool
 
 	mu      sync.Mutex // guards everything below and the state of every object
 	closed  bool
@@ -124,8 +134,9 @@ type Device struct {
 // ErrClosed is returned for operations on a closed device.
 var ErrClosed = errors.New("softhca: device closed")
 
-// New creates a device and starts its engine. Close stops it.
-func New(cfg Config) (*Device, error) {
+// New creates a device and starts its engine. The device runs until Close,
+// or until ctx is done.
+func New(ctx context.Context, cfg Config) (*Device, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("softhca: device needs a name")
 	}
@@ -167,9 +178,18 @@ func New(cfg Config) (*Device, error) {
 	if err := d.fabric.attach(d); err != nil {
 		return nil, err
 	}
+	if cfg.Registerer != nil {
+		d.reg = cfg.Registerer
+		if err := d.reg.Register(collector{d}); err != nil {
+			d.fabric.detach(d)
+			return nil, fmt.Errorf("softhca: register metrics: %w", err)
+		}
+	}
+	d.portUp.Store(true)
 	d.eng = newEngine(d, cfg.SpinIdle)
 	go d.eng.loop()
 	registerLocal(d)
+	d.stopCtx = context.AfterFunc(ctx, func() { d.Close() })
 	return d, nil
 }
 
@@ -203,7 +223,31 @@ func (d *Device) Close() error {
 	unregisterLocal(d)
 	d.fabric.detach(d)
 	d.eng.stop()
+	if d.reg != nil {
+		d.reg.Unregister(collector{d})
+	}
+	if d.stopCtx != nil {
+		d.stopCtx()
+	}
 	return errors.Join(errs...)
+}
+
+// SetPortActive brings the port up or down, as a cable that is plugged in or
+// pulled. A port that is down sends and receives nothing, and QUERY_PORT
+// reports it DOWN. Every client gets a PORT_ACTIVE or PORT_ERR event.
+func (d *Device) SetPortActive(up bool) {
+	if d.portUp.Swap(up) == up {
+		return
+	}
+	ev := uint32(evPortErr)
+	if up {
+		ev = evPortActive
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for c := range d.clients {
+		c.asyncEvent(1, ev)
+	}
 }
 
 // Objects counts a device's live objects.
@@ -287,12 +331,3 @@ type realClock struct{}
 
 func (realClock) Now() time.Time                            { return time.Now() }
 func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
-
-// withDeviceLock runs f with the device mutex held; for tests.
-func (d *Device) withDeviceLock(f func()) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	f()
-}
-
-var _ = context.Background

@@ -38,6 +38,7 @@ type engine struct {
 	out      []*roce.Packet // packets to send once d.mu is released
 	runq     []*qp          // QPs whose send queue wants attention
 	acks     []*qp          // QPs owing an acknowledgement
+	overrun  []*cq          // CQs that overran this round
 	timers   timerHeap
 	timer    Timer
 	timerAt  time.Time
@@ -184,6 +185,10 @@ func (e *engine) round() bool {
 			}
 		}
 	}
+	for _, q := range e.overrun {
+		d.failCQUsers(q)
+	}
+	e.overrun = e.overrun[:0]
 	for _, q := range e.acks {
 		if !q.destroyed {
 			d.sendAck(q)
@@ -229,7 +234,13 @@ func (e *engine) send(p *roce.Packet) {
 
 func (e *engine) flushOut() {
 	d := e.d
+	down := !d.portUp.Load()
 	for i, p := range e.out {
+		if down { // nothing leaves a port that is down
+			putPacket(p)
+			e.out[i] = nil
+			continue
+		}
 		d.counters.XmitPackets.Add(1)
 		d.counters.XmitData.Add(uint64(len(p.Payload)))
 		if !d.fabric.send(p) {

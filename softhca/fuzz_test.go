@@ -1,6 +1,7 @@
 package softhca
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"net/netip"
@@ -145,7 +146,7 @@ func FuzzCommand(f *testing.F) {
 		f.Add([]byte(full[i : i+n]))
 		i += n
 	}
-	d, err := New(Config{Name: "fuzz0", Addr: netip.MustParseAddr("127.9.9.9"), SpinIdle: -1})
+	d, err := New(context.Background(), Config{Name: "fuzz0", Addr: netip.MustParseAddr("127.9.9.9"), SpinIdle: -1})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -157,7 +158,7 @@ func FuzzCommand(f *testing.F) {
 // commands succeed (but the destroy of a CQ in use), so the fuzzer starts
 // from deep states.
 func TestBringUpScript(t *testing.T) {
-	d, err := New(Config{Name: "seed0", Addr: netip.MustParseAddr("127.9.9.8")})
+	d, err := New(context.Background(), Config{Name: "seed0", Addr: netip.MustParseAddr("127.9.9.8")})
 	if err != nil {
 		t.Fatal(err)
 	}

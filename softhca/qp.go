@@ -368,7 +368,19 @@ func (d *Device) setState(q *qp, next qpstate.State) {
 		if prev == qpstate.RTR {
 			q.req.start(q)
 		}
+		q.req.drainSent = false
 		d.eng.schedule(q) // requests posted before RTS run now
+	case qpstate.SQD:
+		// The requests posted (their doorbell rung) before the drain
+		// began are the ones in progress: they complete, later ones wait.
+		if prev == qpstate.RTS {
+			q.state = qpstate.RTS
+			if !d.fetchPosted(q) {
+				return // a bad request put the QP in error
+			}
+			q.state = next
+		}
+		d.eng.schedule(q)
 	case qpstate.Err:
 		if prev != qpstate.Err {
 			d.flush(q)

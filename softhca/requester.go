@@ -126,15 +126,8 @@ func (d *Device) pump(q *qp) {
 		return
 	}
 	r.rnrUntil = time.Time{}
-	for q.state == qpstate.RTS && len(r.q) < maxOutstanding && sqOwned(q, r.head) {
-		w := r.alloc()
-		w.idx = r.head
-		r.head++
-		r.q = append(r.q, w)
-		if syn, ok := d.fetch(q, w); !ok {
-			d.requestError(q, w, syn)
-			return
-		}
+	if q.state == qpstate.RTS && !d.fetchPosted(q) {
+		return
 	}
 	for r.sendIdx < len(r.q) {
 		w := r.q[r.sendIdx]
@@ -168,6 +161,23 @@ func (d *Device) pump(q *qp) {
 		r.drainSent = true
 		q.client.asyncEvent(q.userHandle, evSQDrained)
 	}
+}
+
+// fetchPosted takes the WQEs the client has posted into the requester, up
+// to its limit. It reports false if one failed, which put the QP in error.
+func (d *Device) fetchPosted(q *qp) bool {
+	r := &q.req
+	for len(r.q) < maxOutstanding && sqOwned(q, r.head) {
+		w := r.alloc()
+		w.idx = r.head
+		r.head++
+		r.q = append(r.q, w)
+		if syn, ok := d.fetch(q, w); !ok {
+			d.requestError(q, w, syn)
+			return false
+		}
+	}
+	return true
 }
 
 // ackTimeout is the transport timer of a QP: 4.096 µs × 2^timeout.

@@ -60,6 +60,9 @@ func (s *responder) start(q *qp) { s.epsn = q.rqPSN }
 // returns it to the pool. Caller holds d.mu.
 func (d *Device) receive(p *roce.Packet) {
 	defer putPacket(p)
+	if !d.portUp.Load() {
+		return // lost on a port that is down
+	}
 	d.counters.RcvPackets.Add(1)
 	d.counters.RcvData.Add(uint64(len(p.Payload)))
 	op := p.Opcode

@@ -2,6 +2,7 @@ package softhca_test
 
 import (
 	"bytes"
+	"context"
 	"net/netip"
 	"testing"
 	"time"
@@ -11,7 +12,7 @@ import (
 )
 
 func TestSmoke(t *testing.T) {
-	dev, err := softhca.New(softhca.Config{Name: "smoke0", Addr: netip.MustParseAddr("127.0.1.1")})
+	dev, err := softhca.New(context.Background(), softhca.Config{Name: "smoke0", Addr: netip.MustParseAddr("127.0.1.1")})
 	if err != nil {
 		t.Fatal(err)
 	}

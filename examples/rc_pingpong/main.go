@@ -138,7 +138,7 @@ func runSelf(ctx context.Context, o *options, stdout io.Writer) error {
 	ln.Close()
 	var wg sync.WaitGroup
 	for i := range 2 {
-		d, err := softhca.New(softhca.Config{Name: fmt.Sprintf("self%d", i),
+		d, err := softhca.New(ctx, softhca.Config{Name: fmt.Sprintf("self%d", i),
 			Addr: netip.AddrFrom4([4]byte{127, 0, 1, byte(250 + i)}), Fabric: fabric})
 		if err != nil {
 			return err

@@ -308,3 +308,10 @@ func Connect(tb testing.TB, env Env, bufSize int) (a, b Endpoint) {
 	}
 	return ep(p.a), ep(p.b)
 }
+
+// BringUp takes an RC QP from RESET to RTS toward QP qpn on the port with
+// GID gid, with the suite's default attributes.
+func BringUp(tb testing.TB, qp *verbs.QP, gid verbs.GID, qpn uint32) {
+	tb.Helper()
+	connectTo(tb, &side{qp: qp}, gid, qpn, defaultOpts())
+}

@@ -39,6 +39,7 @@ func Run(t *testing.T, env Env) {
 		{"RecvTooSmall", testRecvTooSmall},
 		{"FlushOnError", testFlushOnError},
 		{"Transitions", testTransitions},
+		{"SQDrain", testSQDrain},
 		{"Busy", testBusy},
 		{"RNRRetryExceeded", testRNRRetryExceeded},
 		{"RNRRecovers", testRNRRecovers},
@@ -660,6 +661,31 @@ func testTransitions(t *testing.T, env Env) {
 		t.Fatalf("ERR->RTS: %v", err)
 	}
 	check(t, qp.Modify(&verbs.QPAttr{State: verbs.QPSReset}, verbs.QPAttrState))
+}
+
+// testSQDrain takes a QP with work outstanding to SQD: the device reports
+// the send queue drained, and the QP goes back to RTS and works.
+func testSQDrain(t *testing.T, env Env) {
+	p := newPair(t, env, defaultOpts())
+	for i := range 4 {
+		check(t, p.b.qp.PostRecv(&verbs.RecvWR{WRID: uint64(i), SG: []verbs.SGE{p.b.mr.SGE(0, 4096)}}))
+		check(t, p.a.qp.PostSend(&verbs.SendWR{WRID: uint64(i), Opcode: verbs.WRSend, Flags: verbs.SendSignaled, SG: []verbs.SGE{p.a.mr.SGE(0, 3000)}}))
+	}
+	check(t, p.a.qp.Modify(&verbs.QPAttr{State: verbs.QPSSQD, EnSQDAsyncNotify: true}, verbs.QPAttrState|verbs.QPAttrEnSQDAsyncNotify))
+	ev := waitAsync(t, p.a.ctx, verbs.EventSQDrained)
+	if ev.QP != p.a.qp {
+		t.Fatalf("drained event %+v for another QP", ev)
+	}
+	poll(t, p.a.cq, 4)
+	poll(t, p.b.cq, 4)
+	a, _, err := p.a.qp.Query(verbs.QPAttrState)
+	if err != nil || a.State != verbs.QPSSQD || a.SQDraining {
+		t.Fatalf("after draining: %+v %v", a, err)
+	}
+	// SQD->SQD may change the timeout; SQD->RTS resumes.
+	check(t, p.a.qp.Modify(&verbs.QPAttr{Timeout: 15}, verbs.QPAttrTimeout))
+	check(t, p.a.qp.Modify(&verbs.QPAttr{State: verbs.QPSRTS}, verbs.QPAttrState))
+	sendRecv(t, p, 500, 9)
 }
 
 func testBusy(t *testing.T, env Env) {
