@@ -37,6 +37,7 @@ type engine struct {
 	bellWork []doorbell
 	out      []*roce.Packet // packets to send once d.mu is released
 	runq     []*qp          // QPs whose send queue wants attention
+	runNext  []*qp          // the other half of runq's double buffer
 	acks     []*qp          // QPs owing an acknowledgement
 	overrun  []*cq          // CQs that overran this round
 	timers   timerHeap
@@ -166,24 +167,24 @@ func (e *engine) round() bool {
 		e.rxWork[i] = nil
 	}
 	now := d.clock.Now()
-	for len(e.timers) > 0 && !e.timers[0].at.After(now) {
-		t := heap.Pop(&e.timers).(timerEntry)
-		if t.q.destroyed || t.gen != t.q.req.timerGen {
-			continue
-		}
+	for len(e.timers) > 0 && !e.timers[0].req.timerAt.After(now) {
+		q := heap.Pop(&e.timers).(*qp)
+		q.req.timerAt = time.Time{}
 		worked = true
-		d.timeout(t.q, now)
+		d.timeout(q, now)
 	}
 	for len(e.runq) > 0 {
 		worked = true
 		runq := e.runq
-		e.runq = nil
-		for _, q := range runq {
+		e.runq = e.runNext[:0]
+		for i, q := range runq {
 			q.req.scheduled = false
 			if !q.destroyed {
 				d.pump(q)
 			}
+			runq[i] = nil
 		}
+		e.runNext = runq[:0]
 	}
 	for _, q := range e.overrun {
 		d.failCQUsers(q)
@@ -205,7 +206,7 @@ func (e *engine) armTimer(now time.Time) {
 	if len(e.timers) == 0 {
 		return
 	}
-	at := e.timers[0].at
+	at := e.timers[0].req.timerAt
 	if e.timer != nil && !e.timerAt.After(at) && e.timerAt.After(now) {
 		return // an earlier or equal wake-up is already set
 	}
@@ -216,15 +217,20 @@ func (e *engine) armTimer(now time.Time) {
 	e.timer = e.d.clock.AfterFunc(at.Sub(now), e.kick)
 }
 
-// setTimer (re)starts a QP's requester timer; a zero time cancels it.
-// Caller holds d.mu.
+// setTimer (re)starts a QP's requester timer; a zero time cancels it. A QP
+// is in the heap at most once. Caller holds d.mu.
 func (e *engine) setTimer(q *qp, at time.Time) {
-	q.req.timerGen++
-	q.req.timerAt = at
-	if at.IsZero() {
-		return
+	r := &q.req
+	r.timerAt = at
+	switch {
+	case at.IsZero() && r.heapIdx >= 0:
+		heap.Remove(&e.timers, r.heapIdx)
+	case at.IsZero():
+	case r.heapIdx >= 0:
+		heap.Fix(&e.timers, r.heapIdx)
+	default:
+		heap.Push(&e.timers, q)
 	}
-	heap.Push(&e.timers, timerEntry{at: at, q: q, gen: q.req.timerGen})
 }
 
 // send queues a packet for transmission after the round.
@@ -251,23 +257,27 @@ func (e *engine) flushOut() {
 	e.out = e.out[:0]
 }
 
-type timerEntry struct {
-	at  time.Time
-	q   *qp
-	gen uint64
-}
-
-type timerHeap []timerEntry
+// timerHeap orders the QPs whose timer is set by when it fires.
+type timerHeap []*qp
 
 func (h timerHeap) Len() int           { return len(h) }
-func (h timerHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
-func (h timerHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timerEntry)) }
+func (h timerHeap) Less(i, j int) bool { return h[i].req.timerAt.Before(h[j].req.timerAt) }
+func (h timerHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].req.heapIdx, h[j].req.heapIdx = i, j
+}
+func (h *timerHeap) Push(x any) {
+	q := x.(*qp)
+	q.req.heapIdx = len(*h)
+	*h = append(*h, q)
+}
 func (h *timerHeap) Pop() any {
 	old := *h
-	t := old[len(old)-1]
+	q := old[len(old)-1]
+	old[len(old)-1] = nil
+	q.req.heapIdx = -1
 	*h = old[:len(old)-1]
-	return t
+	return q
 }
 
 // The packet pool: packets carry up to 4096 bytes of payload.

@@ -3,6 +3,8 @@
 package softhca
 
 import (
+	"time"
+
 	"github.com/xrcrun/xrc/internal/mlx4abi"
 	"github.com/xrcrun/xrc/internal/mlx4hw"
 	"github.com/xrcrun/xrc/internal/qpstate"
@@ -140,6 +142,7 @@ func (d *Device) cmdCreateQP(r *request) ([]byte, error) {
 	if r.outLen < int(unsafeSize(resp)) {
 		return nil, unix.Error(unix.ENOSPC, "no room for the response")
 	}
+	q.req.heapIdx = -1
 	q.num = d.allocQPN()
 	d.qps[q.num] = q
 	p.usecnt++
@@ -186,6 +189,7 @@ func (d *Device) cmdDestroyQP(r *request) ([]byte, error) {
 // completions, as when the kernel destroys a QP.
 func (d *Device) destroyQP(q *qp) {
 	q.destroyed = true
+	d.eng.setTimer(q, time.Time{})
 	q.req.reset()
 	q.resp.reset()
 	delete(d.qps, q.num)
@@ -357,6 +361,7 @@ func (d *Device) setState(q *qp, next qpstate.State) {
 	q.state = next
 	switch next {
 	case qpstate.Reset:
+		d.eng.setTimer(q, time.Time{})
 		q.req.reset()
 		q.resp.reset()
 		q.rqTook = 0

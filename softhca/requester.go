@@ -59,14 +59,15 @@ type requester struct {
 	psn       uint32  // PSN of the next new WQE
 	high      uint32  // PSN after the highest sent: below it, sending again is a retransmission
 	acked     uint32  // last PSN acknowledged
-	q         []*swqe // outstanding, oldest first
+	q         []*swqe // outstanding, oldest first; a window into qbuf's array
+	qbuf      []*swqe // the array q lives in, reused as q slides forward
 	sendIdx   int     // first WQE of q with packets to send
 	rdAtomic  int     // READs and atomics sent and not answered
 	retries   uint8   // transport retries left
 	rnrLeft   uint8   // RNR retries left
 	rnrUntil  time.Time
-	timerGen  uint64
-	timerAt   time.Time
+	timerAt   time.Time // when the QP's timer fires; zero when not set
+	heapIdx   int       // the QP's place in the engine's timer heap, -1 when absent
 	drainSent bool
 	spare     []*swqe
 }
@@ -75,7 +76,38 @@ func (r *requester) reset() {
 	for _, w := range r.q {
 		r.spare = append(r.spare, w)
 	}
-	*r = requester{spare: r.spare, timerGen: r.timerGen + 1}
+	clear(r.q)
+	*r = requester{spare: r.spare, q: r.qbuf[:0], qbuf: r.qbuf, heapIdx: r.heapIdx}
+}
+
+// push appends a fetched WQE. When q has reached the end of its array and
+// the array's front is free, q slides back to the front instead of growing.
+func (r *requester) push(w *swqe) {
+	if len(r.q) == cap(r.q) && cap(r.qbuf) >= 2*len(r.q)+1 {
+		n := copy(r.qbuf[:len(r.q)], r.q)
+		clear(r.qbuf[n:cap(r.qbuf)])
+		r.q = r.qbuf[:n]
+	}
+	r.q = append(r.q, w)
+	if cap(r.q) > cap(r.qbuf) { // append moved q to a new array
+		r.qbuf = r.q[:0]
+	}
+}
+
+// popFront drops the oldest WQE.
+func (r *requester) popFront() {
+	r.q[0] = nil
+	r.q = r.q[1:]
+	if len(r.q) == 0 {
+		r.q = r.qbuf[:0]
+	}
+}
+
+// remove drops the WQE at index i.
+func (r *requester) remove(i int) {
+	copy(r.q[i:], r.q[i+1:])
+	r.q[len(r.q)-1] = nil
+	r.q = r.q[:len(r.q)-1]
 }
 
 // start arms the requester at RTS.
@@ -171,7 +203,7 @@ func (d *Device) fetchPosted(q *qp) bool {
 		w := r.alloc()
 		w.idx = r.head
 		r.head++
-		r.q = append(r.q, w)
+		r.push(w)
 		if syn, ok := d.fetch(q, w); !ok {
 			d.requestError(q, w, syn)
 			return false
@@ -491,7 +523,7 @@ func (d *Device) completeSend(q *qp, w *swqe) {
 		}
 		d.push(q.scq, &e, false)
 	}
-	r.q = r.q[1:]
+	r.popFront()
 	r.sendIdx = max(r.sendIdx-1, 0)
 	r.free(w)
 }
@@ -624,7 +656,7 @@ func (d *Device) requestError(q *qp, w *swqe, syndrome uint8) {
 	d.push(q.scq, &e, true)
 	for i, x := range r.q {
 		if x == w {
-			r.q = append(r.q[:i:i], r.q[i+1:]...)
+			r.remove(i)
 			r.free(w)
 			break
 		}

@@ -463,7 +463,8 @@ func (d *Device) flush(q *qp) {
 		d.flushCQE(q.scq, q.num, w.idx, true)
 		r.free(w)
 	}
-	r.q, r.sendIdx, r.rdAtomic = r.q[:0], 0, 0
+	clear(r.q)
+	r.q, r.sendIdx, r.rdAtomic = r.qbuf[:0], 0, 0
 	d.eng.setTimer(q, time.Time{})
 	d.flushPosted(q)
 	s := &q.resp
