@@ -1,0 +1,5 @@
+//go:build !race
+
+package softhca_test
+
+const raceEnabled = false
