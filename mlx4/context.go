@@ -195,14 +195,53 @@ func (c *Context) CreateCompChannel() (verbs.ProviderChannel, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &channel{f: f}, nil
+	return &channel{f: f, fd: int32(r.FD)}, nil
 }
 
-// channel is a completion channel: the kernel's event file.
-type channel struct{ f *os.File }
+// channel is a completion channel: the kernel's event file, and the number
+// the kernel gave it, which CREATE_CQ names.
+type channel struct {
+	f  *os.File
+	fd int32
+}
 
 func (ch *channel) File() *os.File { return ch.f }
 func (ch *channel) Close() error   { return ch.f.Close() }
+
+// ring is the memory of a work or completion queue: the queue buffer and
+// its doorbell record (nil for queues without one).
+type ring struct {
+	buf []byte
+	db  []byte
+}
+
+// allocRing allocates a zeroed queue buffer of n bytes (whole pages) and, if
+// withDB, a doorbell record.
+func (c *Context) allocRing(n int, withDB bool) (ring, error) {
+	buf, err := c.k.AllocQueue((n + unix.PageSize - 1) &^ (unix.PageSize - 1))
+	if err != nil {
+		return ring{}, fmt.Errorf("queue buffer: %w", err)
+	}
+	r := ring{buf: buf[:n]}
+	if withDB {
+		if r.db, err = c.db.alloc(); err != nil {
+			c.k.FreeQueue(buf)
+			return ring{}, err
+		}
+	}
+	return r, nil
+}
+
+// freeRing releases what allocRing allocated.
+func (c *Context) freeRing(r ring) error {
+	if r.db != nil {
+		c.db.release(r.db)
+	}
+	return c.k.FreeQueue(r.buf)
+}
+
+// addr is the address a command passes for memory the device reaches.
+func addr(b []byte) uint64 { return uint64(unix.AddrOf(b)) }
 
 // dbAllocator hands out doorbell records from pages of queue memory. Every
 // record takes 8 bytes (a CQ's set_ci and arm words; a receive queue's

@@ -3,7 +3,6 @@
 package mlx4
 
 import (
-	"fmt"
 	"math/bits"
 	"sync"
 
@@ -20,9 +19,8 @@ type CQ struct {
 	ctx    *Context
 	handle uint32
 	cqn    uint32
-	buf    []byte // the CQE ring, shared with the device
+	ring          // the CQE ring, shared with the device, and its doorbell record: set_ci word, then arm word
 	n      uint32 // entries, a power of two
-	db     []byte // doorbell record: set_ci word, then arm word
 
 	mu     sync.Mutex // serializes Poll, Arm and cleaning
 	ci     uint32     // guarded by mu: consumer index
@@ -39,32 +37,24 @@ func (c *Context) CreateCQ(attr verbs.CQInit) (verbs.ProviderCQ, error) {
 	n := uint32(1) << bits.Len32(uint32(attr.CQE)) // roundup_pow_of_two(cqe+1)
 	cq := &CQ{ctx: c, n: n, armSN: 1}
 	var err error
-	size := (int(n)*c.cqe + unix.PageSize - 1) &^ (unix.PageSize - 1)
-	if cq.buf, err = c.k.AllocQueue(size); err != nil {
-		return nil, fmt.Errorf("cq buffer: %w", err)
+	if cq.ring, err = c.allocRing(int(n)*c.cqe, true); err != nil {
+		return nil, err
 	}
-	cq.buf = cq.buf[:int(n)*c.cqe]
 	// A fresh ring: every entry owned by the device for the first pass.
 	for i := uint32(0); i < n; i++ {
-		e := cq.entry(i)
-		e[c.cqe-1] = mlx4hw.CQEOwnerMask
-	}
-	if cq.db, err = c.db.alloc(); err != nil {
-		c.k.FreeQueue(cq.buf)
-		return nil, err
+		cq.entry(i)[mlx4hw.CQESize-1] = mlx4hw.CQEOwnerMask
 	}
 	ch := int32(-1)
 	if attr.Channel != nil {
-		ch = int32(attr.Channel.(*channel).f.Fd())
+		ch = attr.Channel.(*channel).fd
 	}
 	req := mlx4abi.CreateCQ{
 		Core: uverbs.CreateCQ{UserHandle: attr.Handle, CQE: n - 1, CompVector: uint32(attr.CompVector), CompChannel: ch},
-		Drv:  mlx4abi.IBCreateCQ{BufAddr: uint64(unix.AddrOf(cq.buf)), DBAddr: uint64(unix.AddrOf(cq.db))},
+		Drv:  mlx4abi.IBCreateCQ{BufAddr: addr(cq.buf), DBAddr: addr(cq.db)},
 	}
 	var r mlx4abi.CreateCQResp
 	if err := uverbs.Exec(c.conn, uverbs.CmdCreateCQ, &req, &r); err != nil {
-		c.db.release(cq.db)
-		c.k.FreeQueue(cq.buf)
+		c.freeRing(cq.ring)
 		return nil, err
 	}
 	cq.handle, cq.cqn = r.Core.CQHandle, r.Drv.CQN
@@ -302,6 +292,5 @@ func (cq *CQ) Destroy() error {
 	if err := uverbs.Exec(cq.ctx.conn, uverbs.CmdDestroyCQ, &req, &r); err != nil {
 		return err
 	}
-	cq.ctx.db.release(cq.db)
-	return cq.ctx.k.FreeQueue(cq.buf)
+	return cq.ctx.freeRing(cq.ring)
 }

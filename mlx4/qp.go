@@ -3,7 +3,6 @@
 package mlx4
 
 import (
-	"fmt"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -60,8 +59,7 @@ type QP struct {
 	handle uint32
 	qpn    uint32
 	typ    verbs.QPType
-	buf    []byte // the QP buffer: both rings
-	rqDB   []byte // receive doorbell record, nil without a receive queue
+	mem    ring   // the QP buffer (both work queues) and the receive doorbell record, if any
 	sendCQ *CQ
 	recvCQ *CQ
 	srq    *SRQ
@@ -149,21 +147,14 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 	if qp.rq.shift > qp.sq.shift {
 		rqOff, sqOff = 0, rqBytes
 	}
-	size := rqBytes + sqBytes
-	if qp.buf, err = c.k.AllocQueue((size + unix.PageSize - 1) &^ (unix.PageSize - 1)); err != nil {
-		return nil, fmt.Errorf("qp buffer: %w", err)
+	if qp.mem, err = c.allocRing(rqBytes+sqBytes, qp.rq.cnt > 0); err != nil {
+		return nil, err
 	}
-	qp.sq.buf = qp.buf[sqOff : sqOff+sqBytes]
-	qp.rq.buf = qp.buf[rqOff : rqOff+rqBytes]
+	qp.sq.buf = qp.mem.buf[sqOff : sqOff+sqBytes]
+	qp.rq.buf = qp.mem.buf[rqOff : rqOff+rqBytes]
 	qp.sq.wrid = make([]uint64, qp.sq.cnt)
 	qp.rq.wrid = make([]uint64, qp.rq.cnt)
 	qp.initSQOwnership()
-	if qp.rq.cnt > 0 {
-		if qp.rqDB, err = c.db.alloc(); err != nil {
-			c.k.FreeQueue(qp.buf)
-			return nil, err
-		}
-	}
 
 	logCnt := uint8(bits.Len32(qp.sq.cnt) - 1)
 	req := mlx4abi.CreateQP{
@@ -175,7 +166,7 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 			QPType: uint8(attr.Type),
 		},
 		Drv: mlx4abi.IBCreateQP{
-			BufAddr: uint64(unix.AddrOf(qp.buf)), LogSQBbCount: logCnt, LogSQStride: uint8(qp.sq.shift),
+			BufAddr: addr(qp.mem.buf), DBAddr: addr(qp.mem.db), LogSQBbCount: logCnt, LogSQStride: uint8(qp.sq.shift),
 		},
 	}
 	if attr.SigAll {
@@ -185,12 +176,9 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 		req.Core.SRQHandle = qp.srq.handle
 		req.Core.IsSRQ = 1
 	}
-	if qp.rqDB != nil {
-		req.Drv.DBAddr = uint64(unix.AddrOf(qp.rqDB))
-	}
 	var r uverbs.CreateQPResp
 	if err := uverbs.Exec(c.conn, uverbs.CmdCreateQP, &req, &r); err != nil {
-		qp.free()
+		c.freeRing(qp.mem)
 		return nil, err
 	}
 	qp.handle, qp.qpn = r.QPHandle, r.QPN
@@ -207,13 +195,6 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 	}
 	c.storeQP(qp)
 	return qp, nil
-}
-
-func (qp *QP) free() {
-	if qp.rqDB != nil {
-		qp.ctx.db.release(qp.rqDB)
-	}
-	qp.ctx.k.FreeQueue(qp.buf)
 }
 
 // initSQOwnership marks every send slot as owned by the device for the
@@ -400,7 +381,7 @@ func (qp *QP) PostRecv(wr *verbs.RecvWR) error {
 	}
 	if n > 0 {
 		qp.rq.head += n
-		mlx4hw.StoreBE32(qp.rqDB, qp.rq.head&0xffff)
+		mlx4hw.StoreBE32(qp.mem.db, qp.rq.head&0xffff)
 	}
 	return err
 }
@@ -465,8 +446,8 @@ func (qp *QP) reset() {
 	qp.rqMu.Lock()
 	qp.rq.head = 0
 	qp.rq.tail.Store(0)
-	if qp.rqDB != nil {
-		mlx4hw.StoreBE32(qp.rqDB, 0)
+	if qp.mem.db != nil {
+		mlx4hw.StoreBE32(qp.mem.db, 0)
 	}
 	qp.rqMu.Unlock()
 }
@@ -502,6 +483,5 @@ func (qp *QP) Destroy() error {
 		qp.sendCQ.clean(qp.qpn, nil)
 	}
 	qp.ctx.forgetQP(qp.qpn)
-	qp.free()
-	return nil
+	return qp.ctx.freeRing(qp.mem)
 }

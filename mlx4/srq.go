@@ -3,7 +3,6 @@
 package mlx4
 
 import (
-	"fmt"
 	"math/bits"
 	"sync"
 
@@ -21,11 +20,10 @@ type SRQ struct {
 	ctx    *Context
 	handle uint32
 	srqn   uint32
-	buf    []byte
+	ring          // the WQEs, and the doorbell record: 16-bit counter of posted WQEs
 	shift  uint   // log2 of the WQE size
 	max    uint32 // WQEs in the ring, a power of two
 	maxGS  int
-	db     []byte // doorbell record: 16-bit counter of posted WQEs
 
 	mu      sync.Mutex // guards the list and counter
 	head    uint32     // guarded by mu: next free WQE to post into
@@ -50,11 +48,9 @@ func (pd *PD) CreateSRQ(attr verbs.SRQInit) (verbs.ProviderSRQ, error) {
 	size := mlx4hw.SRQNextSegSize + s.maxGS*mlx4hw.DataSegSize
 	for s.shift = 5; 1<<s.shift < size; s.shift++ {
 	}
-	bufSize := int(s.max) << s.shift
-	if s.buf, err = c.k.AllocQueue((bufSize + unix.PageSize - 1) &^ (unix.PageSize - 1)); err != nil {
-		return nil, fmt.Errorf("srq buffer: %w", err)
+	if s.ring, err = c.allocRing(int(s.max)<<s.shift, true); err != nil {
+		return nil, err
 	}
-	s.buf = s.buf[:bufSize]
 	// Link every WQE into the free list and terminate every scatter list.
 	for i := uint32(0); i < s.max; i++ {
 		w := s.wqe(i)
@@ -63,19 +59,14 @@ func (pd *PD) CreateSRQ(attr verbs.SRQInit) (verbs.ProviderSRQ, error) {
 	}
 	s.head, s.tail = 0, s.max-1
 	s.wrid = make([]uint64, s.max)
-	if s.db, err = c.db.alloc(); err != nil {
-		c.k.FreeQueue(s.buf)
-		return nil, err
-	}
 	req := mlx4abi.CreateSRQ{
 		Core: uverbs.CreateSRQ{UserHandle: attr.Handle, PDHandle: pd.handle,
 			MaxWR: attr.Attr.MaxWR, MaxSGE: attr.Attr.MaxSGE, SRQLimit: attr.Attr.SRQLimit},
-		Drv: mlx4abi.IBCreateSRQ{BufAddr: uint64(unix.AddrOf(s.buf)), DBAddr: uint64(unix.AddrOf(s.db))},
+		Drv: mlx4abi.IBCreateSRQ{BufAddr: addr(s.buf), DBAddr: addr(s.db)},
 	}
 	var r mlx4abi.CreateSRQResp
 	if err := uverbs.Exec(c.conn, uverbs.CmdCreateSRQ, &req, &r); err != nil {
-		c.db.release(s.db)
-		c.k.FreeQueue(s.buf)
+		c.freeRing(s.ring)
 		return nil, err
 	}
 	s.handle, s.srqn = r.Core.SRQHandle, r.Drv.SRQN
@@ -167,6 +158,5 @@ func (s *SRQ) Destroy() error {
 	if err := uverbs.Exec(s.ctx.conn, uverbs.CmdDestroySRQ, &req, &r); err != nil {
 		return err
 	}
-	s.ctx.db.release(s.db)
-	return s.ctx.k.FreeQueue(s.buf)
+	return s.ctx.freeRing(s.ring)
 }

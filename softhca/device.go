@@ -325,6 +325,8 @@ type Clock interface {
 // Timer is a pending AfterFunc.
 type Timer interface {
 	Stop() bool
+	// Reset makes the timer call its function again after d.
+	Reset(d time.Duration) bool
 }
 
 type realClock struct{}

@@ -210,11 +210,12 @@ func (e *engine) armTimer(now time.Time) {
 	if e.timer != nil && !e.timerAt.After(at) && e.timerAt.After(now) {
 		return // an earlier or equal wake-up is already set
 	}
-	if e.timer != nil {
-		e.timer.Stop()
-	}
 	e.timerAt = at
-	e.timer = e.d.clock.AfterFunc(at.Sub(now), e.kick)
+	if e.timer == nil {
+		e.timer = e.d.clock.AfterFunc(at.Sub(now), e.kick)
+	} else {
+		e.timer.Reset(at.Sub(now))
+	}
 }
 
 // setTimer (re)starts a QP's requester timer; a zero time cancels it. A QP
@@ -280,14 +281,37 @@ func (h *timerHeap) Pop() any {
 	return q
 }
 
-// The packet pool: packets carry up to 4096 bytes of payload.
-var packetPool = sync.Pool{New: func() any { return &roce.Packet{Payload: make([]byte, 0, 4096)} }}
+// The packet pool: packets carry up to 4096 bytes of payload. Unlike a
+// sync.Pool it survives garbage collections, so a steady stream of traffic
+// allocates nothing; it keeps at most poolMax packets.
+var packets struct {
+	mu   sync.Mutex
+	free []*roce.Packet
+}
+
+const poolMax = 4096
 
 func getPacket() *roce.Packet {
-	p := packetPool.Get().(*roce.Packet)
+	packets.mu.Lock()
+	var p *roce.Packet
+	if n := len(packets.free); n > 0 {
+		p = packets.free[n-1]
+		packets.free[n-1] = nil
+		packets.free = packets.free[:n-1]
+	}
+	packets.mu.Unlock()
+	if p == nil {
+		return &roce.Packet{Payload: make([]byte, 0, 4096)}
+	}
 	buf := p.Payload[:0]
 	*p = roce.Packet{Payload: buf}
 	return p
 }
 
-func putPacket(p *roce.Packet) { packetPool.Put(p) }
+func putPacket(p *roce.Packet) {
+	packets.mu.Lock()
+	if len(packets.free) < poolMax {
+		packets.free = append(packets.free, p)
+	}
+	packets.mu.Unlock()
+}

@@ -19,6 +19,15 @@ import (
 // it as a verbs context, driven by the mlx4 provider exactly as a kernel
 // device would be.
 func (d *Device) Open(cfg verbs.Config) (*verbs.Context, error) {
+	p, err := d.provider()
+	if err != nil {
+		return nil, err
+	}
+	return verbs.NewContext(d.name, p, cfg), nil
+}
+
+// provider connects a client and opens the mlx4 provider on it.
+func (d *Device) provider() (*mlx4.Context, error) {
 	k, err := d.Kernel()
 	if err != nil {
 		return nil, err
@@ -28,7 +37,7 @@ func (d *Device) Open(cfg verbs.Config) (*verbs.Context, error) {
 		k.Close()
 		return nil, fmt.Errorf("open %s: %w", d.name, err)
 	}
-	return verbs.NewContext(d.name, p, cfg), nil
+	return p, nil
 }
 
 // Kernel connects a new client from this process and returns it as the
@@ -151,14 +160,5 @@ func (softDriver) Open(ctx context.Context, name string, cfg verbs.Config) (verb
 	if d == nil {
 		return nil, verbs.ErrNoDevice
 	}
-	k, err := d.Kernel()
-	if err != nil {
-		return nil, err
-	}
-	p, err := mlx4.Open(k)
-	if err != nil {
-		k.Close()
-		return nil, err
-	}
-	return p, nil
+	return d.provider()
 }

@@ -4,6 +4,7 @@ package softhca
 
 import (
 	"bufio"
+	"cmp"
 	"bytes"
 	"encoding/binary"
 	"os"
@@ -41,7 +42,7 @@ func (m *localMemory) addQueue(b []byte) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := span{addr: uint64(unix.AddrOf(b)), b: b}
-	i, _ := slices.BinarySearchFunc(m.queues, s.addr, func(x span, a uint64) int { return cmpU64(x.addr, a) })
+	i, _ := slices.BinarySearchFunc(m.queues, s.addr, func(x span, a uint64) int { return cmp.Compare(x.addr, a) })
 	m.queues = slices.Insert(m.queues, i, s)
 }
 
@@ -49,27 +50,17 @@ func (m *localMemory) removeQueue(b []byte) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	a := uint64(unix.AddrOf(b))
-	i, ok := slices.BinarySearchFunc(m.queues, a, func(x span, a uint64) int { return cmpU64(x.addr, a) })
+	i, ok := slices.BinarySearchFunc(m.queues, a, func(x span, a uint64) int { return cmp.Compare(x.addr, a) })
 	if ok {
 		m.queues = slices.Delete(m.queues, i, i+1)
 	}
 	return ok
 }
 
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 func (m *localMemory) queue(addr uint64, n int) ([]byte, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	i, found := slices.BinarySearchFunc(m.queues, addr, func(x span, a uint64) int { return cmpU64(x.addr, a) })
+	i, found := slices.BinarySearchFunc(m.queues, addr, func(x span, a uint64) int { return cmp.Compare(x.addr, a) })
 	if !found {
 		i--
 	}

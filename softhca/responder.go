@@ -173,13 +173,8 @@ func (d *Device) recvWrite(q *qp, p *roce.Packet) {
 	s := &q.resp
 	op := p.Opcode
 	if op.IsFirst() {
-		if s.inMsg {
-			d.fatal(q, p, roce.NakInvalidRequest)
-			return
-		}
-		m, ok := d.remoteMR(q, p.RKey, p.VA, uint64(p.DMALen), accRemoteWrite)
+		m, ok := d.startRemote(q, p, uint64(p.DMALen), accRemoteWrite)
 		if !ok {
-			d.fatal(q, p, roce.NakRemoteAccess)
 			return
 		}
 		s.inMsg, s.isSend, s.off = true, false, 0
@@ -225,6 +220,21 @@ func (d *Device) accept(q *qp, p *roce.Packet) {
 		s.ackDue = true
 		d.eng.acks = append(d.eng.acks, q)
 	}
+}
+
+// startRemote checks the first packet of an RDMA or atomic request: no
+// message may be in progress, and the access must pass remoteMR. On failure
+// the QP has failed with the matching NAK.
+func (d *Device) startRemote(q *qp, p *roce.Packet, n uint64, need uint32) (*mr, bool) {
+	if q.resp.inMsg {
+		d.fatal(q, p, roce.NakInvalidRequest)
+		return nil, false
+	}
+	m, ok := d.remoteMR(q, p.RKey, p.VA, n, need)
+	if !ok {
+		d.fatal(q, p, roce.NakRemoteAccess)
+	}
+	return m, ok
 }
 
 // remoteMR validates an incoming RDMA or atomic access against the QP's and
@@ -310,13 +320,8 @@ func (d *Device) recvError(q *qp, syndrome uint8) {
 
 func (d *Device) recvRead(q *qp, p *roce.Packet) {
 	s := &q.resp
-	if s.inMsg {
-		d.fatal(q, p, roce.NakInvalidRequest)
-		return
-	}
-	m, ok := d.remoteMR(q, p.RKey, p.VA, uint64(p.DMALen), accRemoteRead)
+	m, ok := d.startRemote(q, p, uint64(p.DMALen), accRemoteRead)
 	if !ok {
-		d.fatal(q, p, roce.NakRemoteAccess)
 		return
 	}
 	mtu := q.mtu()
@@ -329,13 +334,8 @@ func (d *Device) recvRead(q *qp, p *roce.Packet) {
 
 func (d *Device) recvAtomic(q *qp, p *roce.Packet) {
 	s := &q.resp
-	if s.inMsg {
-		d.fatal(q, p, roce.NakInvalidRequest)
-		return
-	}
-	m, ok := d.remoteMR(q, p.RKey, p.VA, 8, accRemoteAtomic)
+	m, ok := d.startRemote(q, p, 8, accRemoteAtomic)
 	if !ok {
-		d.fatal(q, p, roce.NakRemoteAccess)
 		return
 	}
 	if p.VA%8 != 0 {

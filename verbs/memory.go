@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"sync"
@@ -38,21 +39,11 @@ func Alloc(n int) ([]byte, error) {
 	a := &allocation{base: unix.AddrOf(b), b: b}
 	allocs.mu.Lock()
 	i, _ := slices.BinarySearchFunc(allocs.list, a.base, func(x *allocation, base uintptr) int {
-		return compareAddr(x.base, base)
+		return cmp.Compare(x.base, base)
 	})
 	allocs.list = slices.Insert(allocs.list, i, a)
 	allocs.mu.Unlock()
 	return b, nil
-}
-
-func compareAddr(a, b uintptr) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Free unmaps memory returned by Alloc. It fails with an error wrapping
@@ -63,7 +54,7 @@ func Free(b []byte) error {
 	allocs.mu.Lock()
 	defer allocs.mu.Unlock()
 	i, ok := slices.BinarySearchFunc(allocs.list, base, func(x *allocation, base uintptr) int {
-		return compareAddr(x.base, base)
+		return cmp.Compare(x.base, base)
 	})
 	if !ok {
 		return fmt.Errorf("free: memory not from Alloc: %w", syscall.EINVAL)
@@ -82,7 +73,7 @@ func holdAlloc(addr uintptr, n uint64) *allocation {
 	allocs.mu.Lock()
 	defer allocs.mu.Unlock()
 	i, found := slices.BinarySearchFunc(allocs.list, addr, func(x *allocation, base uintptr) int {
-		return compareAddr(x.base, base)
+		return cmp.Compare(x.base, base)
 	})
 	if !found {
 		i--
