@@ -59,7 +59,7 @@ type QP struct {
 	handle uint32
 	qpn    uint32
 	typ    verbs.QPType
-	mem    ring   // the QP buffer (both work queues) and the receive doorbell record, if any
+	mem    ring // the QP buffer (both work queues) and the receive doorbell record, if any
 	sendCQ *CQ
 	recvCQ *CQ
 	srq    *SRQ

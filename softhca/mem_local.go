@@ -4,8 +4,8 @@ package softhca
 
 import (
 	"bufio"
-	"cmp"
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"os"
 	"slices"

@@ -85,7 +85,7 @@ type listDriver struct {
 	err  error
 }
 
-func (d listDriver) Name() string                  { return d.name }
+func (d listDriver) Name() string                   { return d.name }
 func (d listDriver) Devices() ([]DeviceInfo, error) { return d.devs, d.err }
 func (d listDriver) Open(context.Context, string, Config) (Provider, error) {
 	return nil, syscall.ENODEV
