@@ -126,11 +126,23 @@ var opFlags = [32]uint32{
 
 func (o Opcode) flags() uint32 { return opFlags[o.Op()] }
 
-// Valid reports whether the opcode is a defined RC or XRC operation.
+// Valid reports whether the opcode is a defined operation of the RC, UC,
+// UD or XRC transports.
 func (o Opcode) Valid() bool {
-	t := o.Transport()
-	return (t == TransportRC || t == TransportXRC) && o.flags() != 0
+	f := o.flags()
+	switch o.Transport() {
+	case TransportRC, TransportXRC:
+		return f != 0
+	case TransportUC:
+		return f&(isSend|isWrite) != 0 && f&hasIETH == 0
+	case TransportUD:
+		return o.Op() == SendOnly || o.Op() == SendOnlyImm
+	}
+	return false
 }
+
+// HasDETH reports whether the opcode carries a DETH: every UD packet.
+func (o Opcode) HasDETH() bool { return o.Transport() == TransportUD }
 
 func (o Opcode) HasRETH() bool         { return o.flags()&hasRETH != 0 }
 func (o Opcode) HasAETH() bool         { return o.flags()&hasAETH != 0 }
@@ -191,9 +203,17 @@ type Packet struct {
 	DestQP uint32
 	AckReq bool
 	PSN    uint32
+	// Reserved bits, kept so that a decoded packet encodes to the same
+	// bytes: BTH byte 4 (FECN, BECN and reserved bits on RoCE) and the
+	// seven bits after the AckReq bit.
+	Resv8a uint8
+	Resv7  uint8
 
 	// XRCETH
 	XRCSRQ uint32
+	// DETH
+	QKey  uint32
+	SrcQP uint32
 	// RETH
 	VA     uint64
 	RKey   uint32

@@ -1,0 +1,274 @@
+package roce
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"net/netip"
+)
+
+// Header lengths in bytes.
+const (
+	BTHLen          = 12
+	XRCETHLen       = 4
+	DETHLen         = 8
+	RETHLen         = 16
+	AETHLen         = 4
+	AtomicETHLen    = 28
+	AtomicAckETHLen = 8
+	ImmDtLen        = 4
+	IETHLen         = 4
+	ICRCLen         = 4
+
+	// UDPPort is RoCEv2's destination port.
+	UDPPort = 4791
+)
+
+// Errors of packet decoding.
+var (
+	ErrShort   = errors.New("roce: packet too short")
+	ErrOpcode  = errors.New("roce: unknown opcode")
+	ErrVersion = errors.New("roce: unknown transport header version")
+	ErrPad     = errors.New("roce: pad count exceeds payload")
+	ErrICRC    = errors.New("roce: ICRC mismatch")
+)
+
+// HeaderLen is the length of the transport headers an opcode carries.
+func (o Opcode) HeaderLen() int {
+	n := BTHLen
+	if o.HasXRCETH() {
+		n += XRCETHLen
+	}
+	if o.HasDETH() {
+		n += DETHLen
+	}
+	if o.HasRETH() {
+		n += RETHLen
+	}
+	if o.HasAtomicETH() {
+		n += AtomicETHLen
+	}
+	if o.HasAETH() {
+		n += AETHLen
+	}
+	if o.HasAtomicAckETH() {
+		n += AtomicAckETHLen
+	}
+	if o.HasImm() {
+		n += ImmDtLen
+	}
+	if o.HasIETH() {
+		n += IETHLen
+	}
+	return n
+}
+
+// padLen is the number of bytes that pad a payload to a multiple of four.
+func padLen(n int) int { return (4 - n%4) % 4 }
+
+// Len is the length of the packet's transport part with its ICRC: what a
+// RoCEv2 UDP datagram carries.
+func (p *Packet) Len() int {
+	return p.Opcode.HeaderLen() + len(p.Payload) + padLen(len(p.Payload)) + ICRCLen
+}
+
+// AppendTransport appends the packet's headers, payload and pad (zeros) to
+// b, without the ICRC. The pad count in the BTH is derived from the payload.
+func (p *Packet) AppendTransport(b []byte) []byte {
+	o := p.Opcode
+	pad := padLen(len(p.Payload))
+	var bth [BTHLen]byte
+	bth[0] = byte(o)
+	bth[1] = byte(pad)<<4 | p.TVer&0xf
+	if p.SE {
+		bth[1] |= 0x80
+	}
+	if p.MigReq {
+		bth[1] |= 0x40
+	}
+	binary.BigEndian.PutUint16(bth[2:], p.PKey)
+	binary.BigEndian.PutUint32(bth[4:], uint32(p.Resv8a)<<24|p.DestQP&PSNMask)
+	a := uint32(p.Resv7 & 0x7f)
+	if p.AckReq {
+		a |= 0x80
+	}
+	binary.BigEndian.PutUint32(bth[8:], a<<24|p.PSN&PSNMask)
+	b = append(b, bth[:]...)
+	if o.HasXRCETH() {
+		b = binary.BigEndian.AppendUint32(b, p.XRCSRQ&PSNMask)
+	}
+	if o.HasDETH() {
+		b = binary.BigEndian.AppendUint32(b, p.QKey)
+		b = binary.BigEndian.AppendUint32(b, p.SrcQP&PSNMask)
+	}
+	if o.HasRETH() {
+		b = binary.BigEndian.AppendUint64(b, p.VA)
+		b = binary.BigEndian.AppendUint32(b, p.RKey)
+		b = binary.BigEndian.AppendUint32(b, p.DMALen)
+	}
+	if o.HasAtomicETH() {
+		b = binary.BigEndian.AppendUint64(b, p.VA)
+		b = binary.BigEndian.AppendUint32(b, p.RKey)
+		b = binary.BigEndian.AppendUint64(b, p.SwapAdd)
+		b = binary.BigEndian.AppendUint64(b, p.Compare)
+	}
+	if o.HasAETH() {
+		b = binary.BigEndian.AppendUint32(b, uint32(p.Syndrome)<<24|p.MSN&PSNMask)
+	}
+	if o.HasAtomicAckETH() {
+		b = binary.BigEndian.AppendUint64(b, p.OrigData)
+	}
+	if o.HasImm() || o.HasIETH() {
+		b = binary.BigEndian.AppendUint32(b, p.Imm)
+	}
+	b = append(b, p.Payload...)
+	return append(b, make([]byte, pad)...)
+}
+
+// ParseTransport decodes a packet's transport part (headers, payload and
+// pad, without the ICRC) into p. p.Payload aliases b. It validates the
+// opcode, the header version and the lengths, and nothing else.
+func ParseTransport(b []byte, p *Packet) error {
+	if len(b) < BTHLen {
+		return ErrShort
+	}
+	o := Opcode(b[0])
+	if !o.Valid() {
+		return fmt.Errorf("%w %#02x", ErrOpcode, b[0])
+	}
+	tver := b[1] & 0xf
+	if tver != 0 {
+		return fmt.Errorf("%w %d", ErrVersion, tver)
+	}
+	hl := o.HeaderLen()
+	if len(b) < hl {
+		return fmt.Errorf("%w: %d bytes for %v headers of %d", ErrShort, len(b), o, hl)
+	}
+	*p = Packet{
+		Opcode: o,
+		SE:     b[1]&0x80 != 0,
+		MigReq: b[1]&0x40 != 0,
+		Pad:    b[1] >> 4 & 3,
+		PKey:   binary.BigEndian.Uint16(b[2:]),
+		Resv8a: b[4],
+		DestQP: binary.BigEndian.Uint32(b[4:]) & PSNMask,
+		AckReq: b[8]&0x80 != 0,
+		Resv7:  b[8] & 0x7f,
+		PSN:    binary.BigEndian.Uint32(b[8:]) & PSNMask,
+	}
+	off := BTHLen
+	if o.HasXRCETH() {
+		p.XRCSRQ = binary.BigEndian.Uint32(b[off:]) & PSNMask
+		off += XRCETHLen
+	}
+	if o.HasDETH() {
+		p.QKey = binary.BigEndian.Uint32(b[off:])
+		p.SrcQP = binary.BigEndian.Uint32(b[off+4:]) & PSNMask
+		off += DETHLen
+	}
+	if o.HasRETH() {
+		p.VA = binary.BigEndian.Uint64(b[off:])
+		p.RKey = binary.BigEndian.Uint32(b[off+8:])
+		p.DMALen = binary.BigEndian.Uint32(b[off+12:])
+		off += RETHLen
+	}
+	if o.HasAtomicETH() {
+		p.VA = binary.BigEndian.Uint64(b[off:])
+		p.RKey = binary.BigEndian.Uint32(b[off+8:])
+		p.SwapAdd = binary.BigEndian.Uint64(b[off+12:])
+		p.Compare = binary.BigEndian.Uint64(b[off+20:])
+		off += AtomicETHLen
+	}
+	if o.HasAETH() {
+		a := binary.BigEndian.Uint32(b[off:])
+		p.Syndrome, p.MSN = uint8(a>>24), a&PSNMask
+		off += AETHLen
+	}
+	if o.HasAtomicAckETH() {
+		p.OrigData = binary.BigEndian.Uint64(b[off:])
+		off += AtomicAckETHLen
+	}
+	if o.HasImm() || o.HasIETH() {
+		p.Imm = binary.BigEndian.Uint32(b[off:])
+		off += ImmDtLen
+	}
+	payload := b[off:]
+	if int(p.Pad) > len(payload) {
+		return ErrPad
+	}
+	p.Payload = payload[:len(payload)-int(p.Pad)]
+	return nil
+}
+
+// The ICRC covers the packet with the fields that routers may change
+// masked to ones: a masked LRH (eight bytes of ones, in place of the
+// InfiniBand local route header RoCE lacks), the IP header with its
+// traffic class, TTL/hop limit, checksum and flow label masked, the UDP
+// header with its checksum masked, and the BTH with its reserved byte 4
+// (FECN, BECN) masked; then the rest of the transport part as it is.
+
+var maskedLRH = [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+
+// ICRC computes the invariant CRC of a RoCEv2 packet from its IP header
+// (IPv4 or IPv6, without options beyond what its length field says), its
+// UDP header and its transport part (without the ICRC). The result is in
+// the byte order it travels in: append it with binary.LittleEndian.
+func ICRC(ipHdr, udpHdr, transport []byte) uint32 {
+	var buf [40 + 8 + BTHLen]byte
+	n := copy(buf[:], ipHdr)
+	if ipHdr[0]>>4 == 4 {
+		buf[1] = 0xff           // TOS
+		buf[8] = 0xff           // TTL
+		buf[10], buf[11] = 0xff, 0xff // header checksum
+	} else {
+		buf[0] |= 0x0f // traffic class, high nibble
+		buf[1] = 0xff  // traffic class, low nibble, and flow label
+		buf[2], buf[3] = 0xff, 0xff
+		buf[7] = 0xff // hop limit
+	}
+	n += copy(buf[n:], udpHdr[:8])
+	buf[n-2], buf[n-1] = 0xff, 0xff // UDP checksum
+	bth := n
+	n += copy(buf[n:], transport[:BTHLen])
+	buf[bth+4] = 0xff // FECN, BECN, reserved
+	crc := crc32.Update(0, crc32.IEEETable, maskedLRH[:])
+	crc = crc32.Update(crc, crc32.IEEETable, buf[:n])
+	return crc32.Update(crc, crc32.IEEETable, transport[BTHLen:])
+}
+
+// PseudoHeaders rebuilds the IP and UDP headers that Linux puts on a
+// datagram of a RoCEv2 transport part of length n sent from src:srcPort to
+// dst:UDPPort by an unconnected socket that sets DF: the fields the ICRC
+// does not mask are all known (an IPv4 identification of 0 is what Linux
+// gives unconnected DF datagrams), so sender and receiver both compute the
+// packet's ICRC from them.
+func PseudoHeaders(buf []byte, src, dst netip.Addr, srcPort uint16, n int) (ip, udp []byte) {
+	udpLen := 8 + n + ICRCLen
+	if src.Is4() && dst.Is4() {
+		ip = buf[:20]
+		clear(ip)
+		ip[0] = 0x45
+		binary.BigEndian.PutUint16(ip[2:], uint16(20+udpLen))
+		ip[6] = 0x40 // DF
+		ip[9] = 17
+		s, d := src.As4(), dst.As4()
+		copy(ip[12:], s[:])
+		copy(ip[16:], d[:])
+	} else {
+		ip = buf[:40]
+		clear(ip)
+		ip[0] = 0x60
+		binary.BigEndian.PutUint16(ip[4:], uint16(udpLen))
+		ip[6] = 17
+		s, d := src.As16(), dst.As16()
+		copy(ip[8:], s[:])
+		copy(ip[24:], d[:])
+	}
+	udp = buf[len(ip) : len(ip)+8]
+	binary.BigEndian.PutUint16(udp[0:], srcPort)
+	binary.BigEndian.PutUint16(udp[2:], UDPPort)
+	binary.BigEndian.PutUint16(udp[4:], uint16(udpLen))
+	binary.BigEndian.PutUint16(udp[6:], 0)
+	return ip, udp
+}
