@@ -218,8 +218,8 @@ func ICRC(ipHdr, udpHdr, transport []byte) uint32 {
 	var buf [40 + 8 + BTHLen]byte
 	n := copy(buf[:], ipHdr)
 	if ipHdr[0]>>4 == 4 {
-		buf[1] = 0xff           // TOS
-		buf[8] = 0xff           // TTL
+		buf[1] = 0xff                 // TOS
+		buf[8] = 0xff                 // TTL
 		buf[10], buf[11] = 0xff, 0xff // header checksum
 	} else {
 		buf[0] |= 0x0f // traffic class, high nibble
