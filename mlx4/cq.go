@@ -96,7 +96,7 @@ func (cq *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {
 		}
 		n++
 	}
-	if cq.ci != cq.lastCI() {
+	if n > 0 || err != nil {
 		mlx4hw.StoreBE32(cq.db[0:], cq.ci&0xffffff)
 	}
 	if n == 0 && err == nil && cq.ctx.yield != nil {
@@ -104,9 +104,6 @@ func (cq *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {
 	}
 	return n, err
 }
-
-// lastCI returns the consumer index last published in the doorbell record.
-func (cq *CQ) lastCI() uint32 { return mlx4hw.LoadBE32(cq.db[0:]) }
 
 // complete turns a CQE into a work completion, retiring the WQE it names.
 func (cq *CQ) complete(e *mlx4hw.CQE, wc *verbs.WorkCompletion) error {

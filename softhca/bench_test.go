@@ -20,6 +20,12 @@ var benchEnvs = []verbstest.Env{
 		f := softhca.NewFabric()
 		return open(t, newDevice(t, f)), open(t, newDevice(t, f))
 	}},
+	{Name: "two-devices-udp", Open: func(t testing.TB) (a, b *verbs.Context) {
+		return open(t, newUDPDevice(t, softhca.Config{})), open(t, newUDPDevice(t, softhca.Config{}))
+	}},
+	{Name: "two-devices-udp-nospin", Open: func(t testing.TB) (a, b *verbs.Context) {
+		return open(t, newUDPDevice(t, softhca.Config{SpinIdle: -1})), open(t, newUDPDevice(t, softhca.Config{SpinIdle: -1}))
+	}},
 }
 
 // spin polls cq until it returns one completion.

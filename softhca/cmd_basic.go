@@ -146,6 +146,7 @@ type mr struct {
 	length uint64
 	access uint32
 	view   []byte // direct access to the memory, when the client is local
+	dead   bool   // deregistered: work requests that still hold it fail
 }
 
 func (d *Device) cmdRegMR(r *request) ([]byte, error) {
@@ -220,6 +221,7 @@ func (d *Device) destroyMR(m *mr) {
 	delete(d.mrs, m.key>>8)
 	m.pd.usecnt--
 	m.view = nil
+	m.dead = true
 }
 
 // lookupMR finds the region of a key; the tag must match too.

@@ -2,10 +2,13 @@ package softhca_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/xrcrun/xrc/softhca"
@@ -27,13 +30,40 @@ func newDevice(t testing.TB, f *softhca.Fabric) *softhca.Device {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cleanup(t, d, true)
+}
+
+// newUDPDevice starts an in-process device that speaks RoCEv2 on UDP, on a
+// loopback address of its own: it tries random addresses of 127.64.0.0/10
+// until one is free, so that test processes running at once do not clash.
+func newUDPDevice(t testing.TB, cfg softhca.Config) *softhca.Device {
+	t.Helper()
+	var err error
+	for range 20 {
+		n := devSeq.Add(1)
+		cfg.Name = fmt.Sprintf("softu%d", n)
+		cfg.Addr = netip.AddrFrom4([4]byte{127, 64 + byte(rand.IntN(64)), byte(rand.IntN(256)), byte(1 + rand.IntN(254))})
+		cfg.UDP = true
+		var d *softhca.Device
+		if d, err = softhca.New(context.Background(), cfg); err == nil {
+			return cleanup(t, d, cfg.Faults == softhca.Faults{})
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+	}
+	t.Fatal(err)
+	return nil
+}
+
+// cleanup closes d at the end of the test. On a lossless link, only a
+// test that talks to nobody may see the transport timer fire.
+func cleanup(t testing.TB, d *softhca.Device, lossless bool) *softhca.Device {
 	t.Cleanup(func() {
 		if err := d.Close(); err != nil {
 			t.Error(err)
 		}
-		// The fabric loses nothing, so only a test that talks to nobody
-		// may see the transport timer fire.
-		if n := d.Counters().AckTimeouts.Load(); n > 0 && !strings.HasSuffix(t.Name(), "RetryExceeded") {
+		if n := d.Counters().AckTimeouts.Load(); lossless && n > 0 && !strings.HasSuffix(t.Name(), "RetryExceeded") {
 			t.Errorf("%s: transport timer fired %d times on a lossless fabric", d.Name(), n)
 		}
 	})
@@ -67,6 +97,17 @@ func TestConformance(t *testing.T) {
 		verbstest.Run(t, verbstest.Env{Name: "in-process, two devices", Open: func(t testing.TB) (a, b *verbs.Context) {
 			f := softhca.NewFabric()
 			return open(t, newDevice(t, f)), open(t, newDevice(t, f))
+		}})
+	})
+	t.Run("UDP/OneDevice", func(t *testing.T) {
+		verbstest.Run(t, verbstest.Env{Name: "in-process loopback over UDP", Open: func(t testing.TB) (a, b *verbs.Context) {
+			d := newUDPDevice(t, softhca.Config{})
+			return open(t, d), open(t, d)
+		}})
+	})
+	t.Run("UDP/TwoDevices", func(t *testing.T) {
+		verbstest.Run(t, verbstest.Env{Name: "in-process, two devices over UDP", Open: func(t testing.TB) (a, b *verbs.Context) {
+			return open(t, newUDPDevice(t, softhca.Config{})), open(t, newUDPDevice(t, softhca.Config{}))
 		}})
 	})
 }

@@ -12,11 +12,13 @@ import (
 // named as sysfs names them for real HCAs (port_xmit_data counts bytes of
 // payload here, not the 4-byte words real ports count).
 type Counters struct {
-	XmitPackets atomic.Uint64 // port_xmit_packets
-	XmitData    atomic.Uint64 // port_xmit_data, in bytes of payload
-	RcvPackets  atomic.Uint64 // port_rcv_packets
-	RcvData     atomic.Uint64 // port_rcv_data, in bytes of payload
-	RcvErrors   atomic.Uint64 // port_rcv_errors: packets dropped as malformed or misdirected
+	XmitPackets   atomic.Uint64 // port_xmit_packets
+	XmitData      atomic.Uint64 // port_xmit_data, in bytes of payload
+	RcvPackets    atomic.Uint64 // port_rcv_packets
+	RcvData       atomic.Uint64 // port_rcv_data, in bytes of payload
+	RcvErrors     atomic.Uint64 // port_rcv_errors: packets dropped as malformed or misdirected
+	RcvICRCErrors atomic.Uint64 // packets dropped for a bad ICRC
+	XmitDiscards  atomic.Uint64 // port_xmit_discards: packets the network would not take
 
 	LocalAckTimeoutErr atomic.Uint64 // local_ack_timeout_err: retries exhausted
 	RNRNakRetryErr     atomic.Uint64 // rnr_nak_retry_err: RNR retries exhausted
@@ -29,6 +31,11 @@ type Counters struct {
 	NaksSent           atomic.Uint64
 	Retransmits        atomic.Uint64 // packets sent again
 	AckTimeouts        atomic.Uint64 // transport timer expirations
+
+	FaultDrops    atomic.Uint64 // packets dropped by fault injection
+	FaultDups     atomic.Uint64 // packets duplicated by fault injection
+	FaultReorders atomic.Uint64 // packets held back by fault injection
+	FaultDelays   atomic.Uint64 // packets delayed by fault injection
 
 	BadCommands   atomic.Uint64 // commands rejected for their framing or arguments
 	BadDoorbells  atomic.Uint64 // doorbells naming no queue of the client
@@ -52,6 +59,8 @@ func (c *Counters) Each(f func(name, help string, v uint64)) {
 		{"port_rcv_packets", "Packets received.", &c.RcvPackets},
 		{"port_rcv_data", "Payload bytes received.", &c.RcvData},
 		{"port_rcv_errors", "Packets dropped as malformed or misdirected.", &c.RcvErrors},
+		{"port_rcv_icrc_errors", "Packets dropped for a bad ICRC.", &c.RcvICRCErrors},
+		{"port_xmit_discards", "Packets the network would not take.", &c.XmitDiscards},
 		{"local_ack_timeout_err", "Requests failed after exhausting transport retries.", &c.LocalAckTimeoutErr},
 		{"rnr_nak_retry_err", "Requests failed after exhausting RNR retries.", &c.RNRNakRetryErr},
 		{"packet_seq_err", "Sequence error NAKs received.", &c.PacketSeqErr},
@@ -63,6 +72,10 @@ func (c *Counters) Each(f func(name, help string, v uint64)) {
 		{"naks_sent", "NAKs sent.", &c.NaksSent},
 		{"retransmits", "Packets sent again.", &c.Retransmits},
 		{"ack_timeouts", "Transport timer expirations.", &c.AckTimeouts},
+		{"fault_drops", "Packets dropped by fault injection.", &c.FaultDrops},
+		{"fault_dups", "Packets duplicated by fault injection.", &c.FaultDups},
+		{"fault_reorders", "Packets held back by fault injection.", &c.FaultReorders},
+		{"fault_delays", "Packets delayed by fault injection.", &c.FaultDelays},
 		{"bad_commands", "Commands rejected.", &c.BadCommands},
 		{"bad_doorbells", "Doorbells naming no queue of the client.", &c.BadDoorbells},
 		{"events_dropped", "Events a full or closed channel could not take.", &c.EventsDropped},

@@ -108,11 +108,14 @@ func (d *Device) cmdDestroyCQ(r *request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	resp := uverbs.DestroyCQResp{CompEventsReported: q.events}
+	if r.outLen < int(unsafeSize(resp)) { // fail before destroying anything
+		return nil, unix.Error(unix.ENOSPC, "no room for the response")
+	}
 	if err := d.destroyCQ(q); err != nil {
 		return nil, err
 	}
 	delete(r.c.objs, req.CQHandle)
-	resp := uverbs.DestroyCQResp{CompEventsReported: q.events}
 	return response[uverbs.DestroyCQResp, noDriver](r, &resp, nil)
 }
 

@@ -29,8 +29,8 @@
 //
 // # Debugging
 //
-// Set XRC_SOFTHCA_DEBUG=1 to log every command and every dropped packet at
-// debug level through the configured logger.
+// A device whose logger is enabled at debug level logs every command,
+// every dropped packet and every retransmission timeout.
 package softhca
 
 import (
@@ -40,14 +40,11 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/xrcrun/xrc/softhca/roce"
 )
 
 // Config describes a device.
@@ -60,12 +57,18 @@ type Config struct {
 	// nil gives the device a fabric of its own (it can still talk to
 	// itself).
 	Fabric *Fabric
+	// UDP puts the device on the network instead of a fabric: it speaks
+	// RoCEv2 on UDP port 4791 of Addr, to any device at any address.
+	UDP bool
 	// MTU is the port's MTU in bytes: 256, 512, 1024, 2048 or 4096
 	// (default 4096).
 	MTU int
 	// SpinIdle is how long the engine keeps polling for work after its last
 	// work before it sleeps (default 20µs; negative: never spin).
 	SpinIdle time.Duration
+	// Faults are injected into every packet the device sends (see also
+	// SetLinkFaults).
+	Faults Faults
 	// Clock drives retransmission and RNR timers; nil is the real clock.
 	Clock Clock
 	// Logger receives the device's logs; nil discards them.
@@ -107,7 +110,7 @@ type Device struct {
 	debug bool
 	clock Clock
 
-	fabric  *Fabric
+	link    link
 	eng     *engine
 	reg     prometheus.Registerer
 	stopCtx func() bool
@@ -165,28 +168,35 @@ func New(ctx context.Context, cfg Config) (*Device, error) {
 	d := &Device{
 		name: cfg.Name, addr: cfg.Addr, gid: cfg.Addr.As16(), guid: h.Sum64(),
 		mtu: cfg.MTU, log: log.With("device", cfg.Name), clock: cfg.Clock,
-		debug:   os.Getenv("XRC_SOFTHCA_DEBUG") != "",
+		debug:   log.Enabled(context.Background(), slog.LevelDebug),
 		clients: map[*Client]struct{}{},
 		pds:     map[uint32]*pd{}, mrs: map[uint32]*mr{}, cqs: map[uint32]*cq{},
 		srqs: map[uint32]*srq{}, qps: map[uint32]*qp{},
 		nextPDN: 1, nextMR: 1, nextCQN: 1, nextSRQ: 1, nextQPN: firstQPN,
 	}
-	d.fabric = cfg.Fabric
-	if d.fabric == nil {
-		d.fabric = NewFabric()
+	var err error
+	switch {
+	case cfg.UDP && cfg.Fabric != nil:
+		return nil, errors.New("softhca: a device is on a fabric or on UDP, not both")
+	case cfg.UDP:
+		d.link, err = listenUDP(d)
+	case cfg.Fabric != nil:
+		d.link, err = cfg.Fabric.attach(d)
+	default:
+		d.link, err = NewFabric().attach(d)
 	}
-	if err := d.fabric.attach(d); err != nil {
+	if err != nil {
 		return nil, err
 	}
 	if cfg.Registerer != nil {
 		d.reg = cfg.Registerer
 		if err := d.reg.Register(collector{d}); err != nil {
-			d.fabric.detach(d)
+			d.link.close()
 			return nil, fmt.Errorf("softhca: register metrics: %w", err)
 		}
 	}
 	d.portUp.Store(true)
-	d.eng = newEngine(d, cfg.SpinIdle)
+	d.eng = newEngine(d, cfg.SpinIdle, cfg.Faults)
 	go d.eng.loop()
 	registerLocal(d)
 	d.stopCtx = context.AfterFunc(ctx, func() { d.Close() })
@@ -221,8 +231,8 @@ func (d *Device) Close() error {
 		errs = append(errs, c.Close())
 	}
 	unregisterLocal(d)
-	d.fabric.detach(d)
 	d.eng.stop()
+	errs = append(errs, d.link.close())
 	if d.reg != nil {
 		d.reg.Unregister(collector{d})
 	}
@@ -271,48 +281,6 @@ func mtuEnum(n int) uint8 {
 		}
 	}
 	return 0
-}
-
-// Fabric connects the devices of one process: a packet sent to a GID is
-// delivered to the device of that GID, if any (as on a network, a packet
-// to nowhere is lost).
-type Fabric struct {
-	mu      sync.RWMutex
-	devices map[[16]byte]*Device
-}
-
-// NewFabric returns an empty fabric.
-func NewFabric() *Fabric { return &Fabric{devices: map[[16]byte]*Device{}} }
-
-func (f *Fabric) attach(d *Device) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if _, dup := f.devices[d.gid]; dup {
-		return fmt.Errorf("softhca: address %v already used on this fabric", d.addr)
-	}
-	f.devices[d.gid] = d
-	return nil
-}
-
-func (f *Fabric) detach(d *Device) {
-	f.mu.Lock()
-	if f.devices[d.gid] == d {
-		delete(f.devices, d.gid)
-	}
-	f.mu.Unlock()
-}
-
-// send delivers p to the device owning p.DstGID, which takes ownership of
-// p; it reports false (and keeps p) when there is none.
-func (f *Fabric) send(p *roce.Packet) bool {
-	f.mu.RLock()
-	d := f.devices[p.DstGID]
-	f.mu.RUnlock()
-	if d == nil {
-		return false
-	}
-	d.eng.deliver(p)
-	return true
 }
 
 // Clock is the time source of the device's timers.

@@ -11,11 +11,14 @@ import (
 )
 
 // DMA: the device moves data between the wire and memory regions. Callers
-// have checked keys, access and bounds; an access to a client whose memory
-// went away fails and is counted, not trusted.
+// have checked keys, access and bounds; an access to a region deregistered
+// since, or to a client whose memory went away, fails.
 
 // read copies len(dst) bytes at va of the region.
 func (m *mr) read(va uint64, dst []byte) bool {
+	if m.dead {
+		return false
+	}
 	off := va - m.iova
 	if m.view != nil {
 		copy(dst, m.view[off:])
@@ -26,6 +29,9 @@ func (m *mr) read(va uint64, dst []byte) bool {
 
 // write copies src to va of the region.
 func (m *mr) write(va uint64, src []byte) bool {
+	if m.dead {
+		return false
+	}
 	off := va - m.iova
 	if m.view != nil {
 		copy(m.view[off:], src)
@@ -41,6 +47,9 @@ func (m *mr) write(va uint64, src []byte) bool {
 // they all run under the device mutex. It reports false if va is not 8-byte
 // aligned in memory or the memory could not be reached.
 func (m *mr) atomic(va uint64, op roce.Opcode, swapAdd, compare uint64) (uint64, bool) {
+	if m.dead {
+		return 0, false
+	}
 	off := va - m.iova
 	if m.view != nil {
 		b := m.view[off : off+8]

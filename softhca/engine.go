@@ -5,11 +5,13 @@ package softhca
 import (
 	"container/heap"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/xrcrun/xrc/internal/mlx4hw"
+	"github.com/xrcrun/xrc/internal/qpstate"
 	"github.com/xrcrun/xrc/softhca/roce"
 )
 
@@ -40,6 +42,10 @@ type engine struct {
 	runNext  []*qp          // the other half of runq's double buffer
 	acks     []*qp          // QPs owing an acknowledgement
 	overrun  []*cq          // CQs that overran this round
+	readq    []*qp          // QPs with READ responses to send
+	readNext []*qp          // the other half of readq's double buffer
+	errq     []*qp          // QPs in the error state with a receive queue to flush
+	faults   *faulter
 	timers   timerHeap
 	timer    Timer
 	timerAt  time.Time
@@ -52,8 +58,9 @@ type doorbell struct {
 	v   uint64
 }
 
-func newEngine(d *Device, spin time.Duration) *engine {
-	return &engine{d: d, spin: spin, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+func newEngine(d *Device, spin time.Duration, f Faults) *engine {
+	return &engine{d: d, spin: spin, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
+		faults: newFaulter(f)}
 }
 
 func (e *engine) stop() {
@@ -186,9 +193,27 @@ func (e *engine) round() bool {
 		}
 		e.runNext = runq[:0]
 	}
-	for _, q := range e.overrun {
-		d.failCQUsers(q)
+	if len(e.readq) > 0 {
+		worked = true
+		readq := e.readq
+		e.readq = e.readNext[:0]
+		for i, q := range readq {
+			if !q.destroyed && d.sendReads(q) {
+				e.readq = append(e.readq, q) // more next round
+			} else {
+				q.resp.queued = false
+			}
+			readq[i] = nil
+		}
+		e.readNext = readq[:0]
 	}
+	for _, q := range e.errq {
+		d.flushPostedRecv(q)
+	}
+	for i := 0; i < len(e.overrun); i++ { // failing users may overrun more CQs
+		d.failCQUsers(e.overrun[i])
+	}
+	clear(e.overrun)
 	e.overrun = e.overrun[:0]
 	for _, q := range e.acks {
 		if !q.destroyed {
@@ -201,12 +226,22 @@ func (e *engine) round() bool {
 	return worked
 }
 
+// errPoll is how often the engine looks for receive WQEs posted to QPs in
+// the error state, which ring no doorbell.
+const errPoll = time.Millisecond
+
 // armTimer makes sure the clock wakes the engine for the earliest timer.
 func (e *engine) armTimer(now time.Time) {
-	if len(e.timers) == 0 {
+	var at time.Time
+	if len(e.timers) > 0 {
+		at = e.timers[0].req.timerAt
+	}
+	if len(e.errq) > 0 && (at.IsZero() || at.After(now.Add(errPoll))) {
+		at = now.Add(errPoll)
+	}
+	if at.IsZero() {
 		return
 	}
-	at := e.timers[0].req.timerAt
 	if e.timer != nil && !e.timerAt.After(at) && e.timerAt.After(now) {
 		return // an earlier or equal wake-up is already set
 	}
@@ -234,28 +269,46 @@ func (e *engine) setTimer(q *qp, at time.Time) {
 	}
 }
 
-// send queues a packet for transmission after the round.
+// watchErr keeps the list of QPs whose receive queue is flushed each round
+// in step with their state: those in the error state, not destroyed, with
+// a receive queue. Caller holds d.mu.
+func (e *engine) watchErr(q *qp) {
+	want := q.state == qpstate.Err && !q.destroyed && q.rqDB != nil && q.srq == nil
+	if want == q.inErrq {
+		return
+	}
+	q.inErrq = want
+	if want {
+		e.errq = append(e.errq, q)
+		e.kick()
+	} else {
+		e.errq = slices.DeleteFunc(e.errq, func(x *qp) bool { return x == q })
+	}
+}
+
+// send queues a packet for transmission after the round, through the
+// fault injector. Caller holds d.mu.
 func (e *engine) send(p *roce.Packet) {
-	e.out = append(e.out, p)
+	e.out = e.faults.apply(e.d, p, e.out)
 }
 
 func (e *engine) flushOut() {
-	d := e.d
-	down := !d.portUp.Load()
 	for i, p := range e.out {
-		if down { // nothing leaves a port that is down
-			putPacket(p)
-			e.out[i] = nil
-			continue
-		}
-		d.counters.XmitPackets.Add(1)
-		d.counters.XmitData.Add(uint64(len(p.Payload)))
-		if !d.fabric.send(p) {
-			putPacket(p) // no such destination: lost
-		}
+		e.d.transmit(p)
 		e.out[i] = nil
 	}
 	e.out = e.out[:0]
+}
+
+// transmit puts a packet on the link, or drops it if the port is down.
+func (d *Device) transmit(p *roce.Packet) {
+	if !d.portUp.Load() { // nothing leaves a port that is down
+		putPacket(p)
+		return
+	}
+	d.counters.XmitPackets.Add(1)
+	d.counters.XmitData.Add(uint64(len(p.Payload)))
+	d.link.send(p)
 }
 
 // timerHeap orders the QPs whose timer is set by when it fires.

@@ -30,6 +30,7 @@ type qp struct {
 	typ        qpstate.Type
 	state      qpstate.State
 	destroyed  bool
+	inErrq     bool // in the engine's list of error-state QPs to flush
 	client     *Client
 	userHandle uint64
 	pd         *pd
@@ -180,6 +181,9 @@ func (d *Device) cmdDestroyQP(r *request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r.outLen < int(unsafeSize(uverbs.DestroyQPResp{})) { // fail before destroying anything
+		return nil, unix.Error(unix.ENOSPC, "no room for the response")
+	}
 	d.destroyQP(q)
 	delete(r.c.objs, req.QPHandle)
 	return response[uverbs.DestroyQPResp, noDriver](r, &uverbs.DestroyQPResp{}, nil)
@@ -189,6 +193,7 @@ func (d *Device) cmdDestroyQP(r *request) ([]byte, error) {
 // completions, as when the kernel destroys a QP.
 func (d *Device) destroyQP(q *qp) {
 	q.destroyed = true
+	d.eng.watchErr(q)
 	d.eng.setTimer(q, time.Time{})
 	q.req.reset()
 	q.resp.reset()
@@ -359,6 +364,7 @@ func (d *Device) applyQPAttrs(q *qp, a *uverbs.ModifyQP, mask qpstate.Mask) {
 func (d *Device) setState(q *qp, next qpstate.State) {
 	prev := q.state
 	q.state = next
+	d.eng.watchErr(q)
 	switch next {
 	case qpstate.Reset:
 		d.eng.setTimer(q, time.Time{})

@@ -14,7 +14,8 @@ import (
 // Requester limits.
 const (
 	maxOutstanding = 1024 // WQEs fetched and not completed, per QP
-	sendWindow     = 512  // packets sent and not acknowledged, per QP
+	sendWindow     = 512  // packets sent and not acknowledged, per QP, at most
+	minWindow      = 8    // the window never shrinks below this
 	ackEvery       = 64   // packets between acknowledgement requests
 )
 
@@ -45,6 +46,7 @@ type swqe struct {
 	npkts  uint32
 	sent   uint32 // packets sent in the current attempt
 	rdGot  uint32 // READ: bytes of response received
+	rdGap  bool   // READ: the rest was asked for again after a lost response
 	done   bool   // READ or atomic: the response arrived
 }
 
@@ -55,16 +57,24 @@ func (w *swqe) rdAtomic() bool { return w.class == classRead || w.class == class
 // requester is the send side of a QP.
 type requester struct {
 	scheduled bool
-	head      uint32  // next SQ index to fetch
-	psn       uint32  // PSN of the next new WQE
-	high      uint32  // PSN after the highest sent: below it, sending again is a retransmission
-	acked     uint32  // last PSN acknowledged
-	q         []*swqe // outstanding, oldest first; a window into qbuf's array
-	qbuf      []*swqe // the array q lives in, reused as q slides forward
-	sendIdx   int     // first WQE of q with packets to send
-	rdAtomic  int     // READs and atomics sent and not answered
-	retries   uint8   // transport retries left
-	rnrLeft   uint8   // RNR retries left
+	head      uint32        // next SQ index to fetch
+	psn       uint32        // PSN of the next new WQE
+	high      uint32        // PSN after the highest sent: below it, sending again is a retransmission
+	acked     uint32        // last PSN acknowledged
+	q         []*swqe       // outstanding, oldest first; a window into qbuf's array
+	qbuf      []*swqe       // the array q lives in, reused as q slides forward
+	sendIdx   int           // first WQE of q with packets to send
+	rdAtomic  int           // READs and atomics sent and not answered
+	cwnd      uint32        // congestion window: packets that may be unacknowledged
+	ssthresh  uint32        // below it the window doubles each round trip, above it grows by one
+	cwndAcc   uint32        // packets acknowledged toward the next window increase
+	srtt      time.Duration // smoothed round-trip time, 0 before the first sample
+	rttvar    time.Duration
+	probing   bool // a round-trip sample is under way
+	probePSN  uint32
+	probeAt   time.Time
+	retries   uint8 // transport retries left
+	rnrLeft   uint8 // RNR retries left
 	rnrUntil  time.Time
 	timerAt   time.Time // when the QP's timer fires; zero when not set
 	heapIdx   int       // the QP's place in the engine's timer heap, -1 when absent
@@ -74,7 +84,7 @@ type requester struct {
 
 func (r *requester) reset() {
 	for _, w := range r.q {
-		r.spare = append(r.spare, w)
+		r.free(w)
 	}
 	clear(r.q)
 	*r = requester{spare: r.spare, q: r.qbuf[:0], qbuf: r.qbuf, heapIdx: r.heapIdx}
@@ -117,6 +127,57 @@ func (r *requester) start(q *qp) {
 	r.acked = (q.sqPSN - 1) & roce.PSNMask
 	r.retries = q.retryCnt
 	r.rnrLeft = q.rnrRetry
+	r.cwnd, r.ssthresh = initialWindow, sendWindow
+}
+
+// The send window: a software device paced by its peer's CPU rather than
+// by a link, so the requester keeps a congestion window as TCP does. It
+// starts at initialWindow, doubles each round trip up to ssthresh, then
+// grows by one per round trip; a sign of loss (a sequence NAK, a response
+// found missing, a timeout) halves it.
+const initialWindow = 64
+
+func (r *requester) congested() {
+	r.ssthresh = max(r.cwnd/2, minWindow)
+	r.cwnd = r.ssthresh
+	r.cwndAcc = 0
+	r.probing = false
+}
+
+// grow widens the window for packets acknowledged.
+func (r *requester) grow(acked uint32) {
+	if r.cwnd < r.ssthresh {
+		r.cwnd = min(r.cwnd+acked, r.ssthresh)
+		return
+	}
+	r.cwndAcc += acked
+	for r.cwndAcc >= r.cwnd && r.cwnd < sendWindow {
+		r.cwndAcc -= r.cwnd
+		r.cwnd++
+	}
+}
+
+// sampleRTT folds a round-trip measurement into the estimate (RFC 6298).
+func (r *requester) sampleRTT(rtt time.Duration) {
+	if r.srtt == 0 {
+		r.srtt, r.rttvar = rtt, rtt/2
+		return
+	}
+	dev := r.srtt - rtt
+	if dev < 0 {
+		dev = -dev
+	}
+	r.rttvar = (3*r.rttvar + dev) / 4
+	r.srtt = (7*r.srtt + rtt) / 8
+}
+
+// rto is how long the requester waits for an acknowledgement before it
+// sends again: the QP's timeout, or more if the measured round trip says
+// the peer needs more, so that a slow peer is not flooded with
+// retransmissions of what it is still working through.
+func (d *Device) rto(q *qp) time.Duration {
+	r := &q.req
+	return max(ackTimeout(q.timeout), r.srtt+4*r.rttvar)
 }
 
 func (r *requester) alloc() *swqe {
@@ -130,7 +191,7 @@ func (r *requester) alloc() *swqe {
 
 func (r *requester) free(w *swqe) {
 	w.w.SG, w.w.Inline, w.sg = w.w.SG[:0], w.w.Inline[:0], w.sg[:0]
-	w.sent, w.rdGot, w.done = 0, 0, false
+	w.sent, w.rdGot, w.rdGap, w.done = 0, 0, false, false
 	r.spare = append(r.spare, w)
 }
 
@@ -157,7 +218,12 @@ func (d *Device) pump(q *qp) {
 	if !r.rnrUntil.IsZero() && now.Before(r.rnrUntil) {
 		return
 	}
-	r.rnrUntil = time.Time{}
+	if !r.rnrUntil.IsZero() {
+		// The RNR wait is over before its timer fired: the timer is the
+		// transport timer again.
+		r.rnrUntil = time.Time{}
+		d.eng.setTimer(q, time.Time{})
+	}
 	if q.state == qpstate.RTS && !d.fetchPosted(q) {
 		return
 	}
@@ -174,20 +240,22 @@ func (d *Device) pump(q *qp) {
 				w.sent = w.npkts
 			}
 		}
-		for w.sent < w.npkts && roce.PSNDiff((w.psn+w.sent)&roce.PSNMask, r.acked) <= sendWindow {
-			d.sendRequest(q, w, w.sent)
+		for w.sent < w.npkts && roce.PSNDiff((w.psn+w.sent)&roce.PSNMask, r.acked) <= int32(r.cwnd) {
+			if !d.sendRequest(q, w, w.sent) {
+				return // a local error: the QP is in the error state
+			}
 			w.sent++
 		}
 		if w.sent < w.npkts {
 			break
 		}
-		if w.rdAtomic() {
+		if w.rdAtomic() && !w.done {
 			r.rdAtomic++
 		}
 		r.sendIdx++
 	}
 	if len(r.q) > 0 && r.timerAt.IsZero() && q.timeout != 0 {
-		d.eng.setTimer(q, now.Add(ackTimeout(q.timeout)))
+		d.eng.setTimer(q, now.Add(d.rto(q)))
 	}
 	if q.state == qpstate.SQD && len(r.q) == 0 && q.sqdNotify && !r.drainSent {
 		r.drainSent = true
@@ -278,8 +346,9 @@ func (m *mr) contains(va, n uint64) bool {
 	return va >= m.iova && va-m.iova <= m.length && n <= m.length-(va-m.iova)
 }
 
-// sendRequest sends packet k of w.
-func (d *Device) sendRequest(q *qp, w *swqe, k uint32) {
+// sendRequest sends packet k of w. It reports false if the request's
+// memory could not be read, which put the QP in the error state.
+func (d *Device) sendRequest(q *qp, w *swqe, k uint32) bool {
 	r := &q.req
 	p := d.newPacket(q)
 	p.PSN = (w.psn + k) & roce.PSNMask
@@ -287,6 +356,9 @@ func (d *Device) sendRequest(q *qp, w *swqe, k uint32) {
 		d.counters.Retransmits.Add(1)
 	} else {
 		r.high = (p.PSN + 1) & roce.PSNMask
+		if !r.probing { // time a packet sent once (Karn's rule)
+			r.probing, r.probePSN, r.probeAt = true, p.PSN, d.clock.Now()
+		}
 	}
 	first, last := k == 0, k == w.npkts-1
 	mtu := q.mtu()
@@ -305,13 +377,23 @@ func (d *Device) sendRequest(q *qp, w *swqe, k uint32) {
 			p.AckReq = true
 		}
 		p.Payload = p.Payload[:n]
-		d.gather(w, off, p.Payload)
+		if !d.gather(w, off, p.Payload) {
+			putPacket(p)
+			d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
+			return false
+		}
 		// Ask for an acknowledgement now and then inside long messages, so
 		// that the send window keeps moving.
-		p.AckReq = p.AckReq || p.PSN%ackEvery == ackEvery-1
+		// and when it fills the window.
+		p.AckReq = p.AckReq || p.PSN%ackEvery == ackEvery-1 ||
+			roce.PSNDiff(p.PSN, r.acked) >= int32(r.cwnd)
 	case classRead:
+		// After a lost response, ask for the rest only: the request's
+		// PSN is the first missing response's, its RETH the rest.
+		got := w.rdGot / mtu * mtu
 		p.Opcode = roce.ReadRequest
-		p.VA, p.RKey, p.DMALen = w.w.RemoteAddr, w.w.RKey, w.length
+		p.PSN = (w.psn + got/mtu) & roce.PSNMask
+		p.VA, p.RKey, p.DMALen = w.w.RemoteAddr+uint64(got), w.w.RKey, w.length-got
 		p.AckReq = true
 	case classAtomic:
 		p.Opcode = roce.CompareSwap
@@ -321,7 +403,11 @@ func (d *Device) sendRequest(q *qp, w *swqe, k uint32) {
 		p.VA, p.RKey, p.SwapAdd, p.Compare = w.w.RemoteAddr, w.w.RKey, w.w.SwapAdd, w.w.Compare
 		p.AckReq = true
 	}
+	if w.rdAtomic() && roce.PSNDiff(w.lastPSN(), r.high) >= 0 {
+		r.high = (w.lastPSN() + 1) & roce.PSNMask // the responses' PSNs
+	}
 	d.eng.send(p)
+	return true
 }
 
 // messageOpcode picks the SEND or RDMA WRITE opcode of a packet by its place
@@ -364,42 +450,51 @@ func (d *Device) newPacket(q *qp) *roce.Packet {
 	return p
 }
 
-// gather copies len(dst) bytes of the request's data, from byte off.
-func (d *Device) gather(w *swqe, off uint32, dst []byte) {
+// gather copies len(dst) bytes of the request's data, from byte off. It
+// reports false if a region could not be read.
+func (d *Device) gather(w *swqe, off uint32, dst []byte) bool {
 	if w.w.HasInline {
 		copy(dst, w.w.Inline[off:])
-		return
+		return true
 	}
 	for _, s := range w.sg {
 		if len(dst) == 0 {
-			return
+			return true
 		}
 		if off >= s.n {
 			off -= s.n
 			continue
 		}
 		n := min(s.n-off, uint32(len(dst)))
-		s.m.read(s.va+uint64(off), dst[:n])
+		if !s.m.read(s.va+uint64(off), dst[:n]) {
+			return false
+		}
 		dst = dst[n:]
 		off = 0
 	}
+	return true
 }
 
-// scatter copies src into a scatter list from byte off.
-func scatter(sg []lsge, off uint32, src []byte) {
+// scatter copies src into a scatter list from byte off. It reports false
+// if a region could not be written (it was deregistered, or its memory is
+// gone).
+func scatter(sg []lsge, off uint32, src []byte) bool {
 	for _, s := range sg {
 		if len(src) == 0 {
-			return
+			return true
 		}
 		if off >= s.n {
 			off -= s.n
 			continue
 		}
 		n := min(s.n-off, uint32(len(src)))
-		s.m.write(s.va+uint64(off), src[:n])
+		if !s.m.write(s.va+uint64(off), src[:n]) {
+			return false
+		}
 		src = src[n:]
 		off = 0
 	}
+	return true
 }
 
 // onResponse handles an acknowledgement or a response on the requester
@@ -424,6 +519,9 @@ func (d *Device) onResponse(q *qp, p *roce.Packet) {
 
 func (d *Device) onAck(q *qp, p *roce.Packet) {
 	r := &q.req
+	if d.debug {
+		d.log.Debug("ack", "qp", q.num, "syndrome", p.Syndrome, "psn", p.PSN, "acked", r.acked, "cwnd", r.cwnd, "outstanding", len(r.q))
+	}
 	switch p.Syndrome & roce.AETHKind {
 	case roce.AETHAck:
 		d.acked(q, p.PSN)
@@ -452,6 +550,12 @@ func (d *Device) onAck(q *qp, p *roce.Packet) {
 		code := p.Syndrome & 0x1f
 		if code == roce.NakPSNSeqErr {
 			d.counters.PacketSeqErr.Add(1)
+			if r.retries == 0 {
+				d.requestError(q, r.q[0], mlx4hw.SyndromeRetryExcErr)
+				return
+			}
+			r.retries--
+			r.congested()
 			d.rewind(q, p.PSN)
 			return
 		}
@@ -482,6 +586,10 @@ func (d *Device) acked(q *qp, psn uint32) {
 	if roce.PSNDiff(psn, r.acked) <= 0 {
 		return
 	}
+	if roce.PSNDiff(psn, r.high) >= 0 {
+		d.counters.RcvErrors.Add(1) // acknowledges what was never sent
+		return
+	}
 	progress := false
 	for len(r.q) > 0 && q.state != qpstate.Err {
 		w := r.q[0]
@@ -492,15 +600,24 @@ func (d *Device) acked(q *qp, psn uint32) {
 			// Acknowledged past a READ or atomic whose response never
 			// came: it was lost.
 			d.counters.ImpliedNakSeqErr.Add(1)
+			r.congested()
 			d.rewind(q, w.psn)
+			// What it acknowledged past the READ is acknowledged again
+			// after the READ's responses; r.acked stays before them.
+			psn = (w.psn - 1) & roce.PSNMask
 			break
 		}
 		d.completeSend(q, w)
 		progress = true
 	}
-	if roce.PSNDiff(psn, r.acked) > 0 {
+	if dd := roce.PSNDiff(psn, r.acked); dd > 0 {
+		r.grow(uint32(dd))
 		r.acked = psn
 		progress = true
+		if r.probing && roce.PSNDiff(psn, r.probePSN) >= 0 {
+			r.probing = false
+			r.sampleRTT(d.clock.Now().Sub(r.probeAt))
+		}
 	}
 	if progress {
 		r.retries = q.retryCnt
@@ -508,7 +625,7 @@ func (d *Device) acked(q *qp, psn uint32) {
 		if len(r.q) == 0 || q.timeout == 0 {
 			d.eng.setTimer(q, time.Time{})
 		} else if r.rnrUntil.IsZero() {
-			d.eng.setTimer(q, d.clock.Now().Add(ackTimeout(q.timeout)))
+			d.eng.setTimer(q, d.clock.Now().Add(d.rto(q)))
 		}
 	}
 }
@@ -540,26 +657,44 @@ func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
 			return // responses come in order: this one is not for a READ
 		}
 	}
-	if w == nil {
+	if w == nil || w.sent == 0 || roce.PSNDiff(p.PSN, r.high) >= 0 {
+		d.counters.RcvErrors.Add(1) // a response to a request never sent
 		return
 	}
 	mtu := q.mtu()
 	want := (w.psn + w.rdGot/mtu) & roce.PSNMask
 	if dd := roce.PSNDiff(p.PSN, want); dd != 0 {
-		if dd > 0 { // a response packet was lost: ask again
+		// A response packet was lost: ask for the rest again, once; the
+		// responses still on their way behind the gap are dropped until
+		// the one asked for comes.
+		if dd > 0 && !w.rdGap {
+			w.rdGap = true
 			d.counters.PacketSeqErr.Add(1)
+			r.congested()
 			d.rewind(q, w.psn)
 		}
 		return
 	}
+	w.rdGap = false
 	d.acked(q, (w.psn-1)&roce.PSNMask) // a response acknowledges what came before
+	// Each response in order is progress: the retries start over.
+	r.retries = q.retryCnt
+	if q.timeout != 0 {
+		d.eng.setTimer(q, d.clock.Now().Add(d.rto(q)))
+	}
 	n := uint32(len(p.Payload))
 	last := p.Opcode.IsLast()
 	if w.rdGot+n > w.length || !last && n != mtu || last && w.rdGot+n != w.length {
+		if d.debug {
+			d.log.Debug("bad read response", "op", p.Opcode, "psn", p.PSN, "wpsn", w.psn, "npkts", w.npkts, "rdGot", w.rdGot, "n", n, "length", w.length)
+		}
 		d.requestError(q, w, mlx4hw.SyndromeBadRespErr)
 		return
 	}
-	scatter(w.sg, w.rdGot, p.Payload)
+	if !scatter(w.sg, w.rdGot, p.Payload) {
+		d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
+		return
+	}
 	w.rdGot += n
 	if last {
 		w.done = true
@@ -574,13 +709,17 @@ func (d *Device) onAtomicAck(q *qp, p *roce.Packet) {
 		if !w.rdAtomic() || w.done {
 			continue
 		}
-		if w.class != classAtomic || w.psn != p.PSN {
+		if w.class != classAtomic || w.psn != p.PSN || w.sent == 0 {
+			d.counters.RcvErrors.Add(1)
 			return
 		}
 		d.acked(q, (w.psn-1)&roce.PSNMask)
 		var b [8]byte
 		binary.NativeEndian.PutUint64(b[:], p.OrigData)
-		scatter(w.sg, 0, b[:])
+		if !scatter(w.sg, 0, b[:]) {
+			d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
+			return
+		}
 		w.done = true
 		r.rdAtomic--
 		d.acked(q, p.PSN)
@@ -604,7 +743,13 @@ func (d *Device) rewind(q *qp, psn uint32) {
 	}
 	for j := i; j < len(r.q); j++ {
 		w := r.q[j]
-		w.sent, w.rdGot, w.done = 0, 0, false
+		if w.rdAtomic() && w.done {
+			continue // its response is in memory: nothing to ask again
+		}
+		w.sent, w.done = 0, false
+		if j > i {
+			w.rdGot = 0
+		}
 	}
 	if w := r.q[i]; !w.rdAtomic() {
 		if dd := roce.PSNDiff(psn, w.psn); dd > 0 && uint32(dd) < w.npkts {
@@ -612,6 +757,7 @@ func (d *Device) rewind(q *qp, psn uint32) {
 		}
 	}
 	r.sendIdx = i
+	r.probing = false
 	r.rdAtomic = 0
 	for _, w := range r.q[:i] {
 		if w.rdAtomic() && !w.done {
@@ -642,7 +788,11 @@ func (d *Device) timeout(q *qp, now time.Time) {
 		d.requestError(q, r.q[0], mlx4hw.SyndromeRetryExcErr)
 		return
 	}
+	if d.debug {
+		d.log.Debug("timeout", "qp", q.num, "acked", r.acked, "high", r.high, "retries", r.retries, "cwnd", r.cwnd)
+	}
 	r.retries--
+	r.congested()
 	d.rewind(q, (r.acked+1)&roce.PSNMask)
 	d.eng.schedule(q)
 }
@@ -652,14 +802,19 @@ func (d *Device) timeout(q *qp, now time.Time) {
 func (d *Device) requestError(q *qp, w *swqe, syndrome uint8) {
 	r := &q.req
 	d.counters.LocalErrors.Add(1)
+	// Completions come in order: the WQEs older than w, still waiting for
+	// their acknowledgement, are flushed first.
+	for len(r.q) > 0 && r.q[0] != w {
+		old := r.q[0]
+		d.flushCQE(q.scq, q.num, old.idx, true)
+		r.popFront()
+		r.free(old)
+	}
 	e := mlx4hw.CQE{MyQPN: q.num, WQEIndex: uint16(w.idx), IsSend: true, Opcode: mlx4hw.CQEOpError, Syndrome: syndrome}
 	d.push(q.scq, &e, true)
-	for i, x := range r.q {
-		if x == w {
-			r.remove(i)
-			r.free(w)
-			break
-		}
+	if len(r.q) > 0 {
+		r.popFront()
+		r.free(w)
 	}
 	d.setState(q, qpstate.Err)
 }

@@ -3,6 +3,7 @@
 package softhca
 
 import (
+	"slices"
 	"time"
 
 	"github.com/xrcrun/xrc/internal/mlx4hw"
@@ -12,7 +13,12 @@ import (
 
 // maxResources is how many READ and atomic requests a responder remembers
 // for answering duplicates.
-const maxResources = 16
+const maxResources = 64
+
+// readBudget is how many READ response packets a QP sends in one round of
+// the engine: a large READ streams over many rounds instead of being built
+// all at once.
+const readBudget = 64
 
 // resource is a READ or atomic request the responder executed.
 type resource struct {
@@ -20,10 +26,12 @@ type resource struct {
 	atomic bool
 	psn    uint32
 	npkts  uint32
-	m      *mr
+	rkey   uint32
 	va     uint64
 	length uint32
 	orig   uint64 // atomic: the value returned
+	next   uint32 // READ: the next response packet to send
+	queued bool   // READ: in the QP's queue of responses to send
 }
 
 // responder is the receive side of a QP.
@@ -47,11 +55,15 @@ type responder struct {
 
 	res     [maxResources]resource
 	resNext int
+	reads   []*resource // READs whose responses are being sent, in order
+	readBuf []*resource // the array reads lives in
+	queued  bool        // in the engine's list of QPs with responses to send
 	scratch []mlx4hw.DataSeg
 }
 
 func (s *responder) reset() {
-	*s = responder{recvSG: s.recvSG[:0], scratch: s.scratch[:0]}
+	clear(s.reads)
+	*s = responder{recvSG: s.recvSG[:0], scratch: s.scratch[:0], reads: s.readBuf[:0], readBuf: s.readBuf}
 }
 
 func (s *responder) start(q *qp) { s.epsn = q.rqPSN }
@@ -157,7 +169,11 @@ func (d *Device) recvSend(q *qp, p *roce.Packet) {
 		d.fatal(q, p, roce.NakInvalidRequest)
 		return
 	}
-	scatter(s.recvSG, s.off, p.Payload)
+	if !scatter(s.recvSG, s.off, p.Payload) {
+		d.recvError(q, mlx4hw.SyndromeLocalProtErr)
+		d.fatal(q, p, roce.NakRemoteOpErr)
+		return
+	}
 	s.off += uint32(len(p.Payload))
 	d.accept(q, p)
 	if op.IsLast() {
@@ -176,6 +192,9 @@ func (d *Device) recvWrite(q *qp, p *roce.Packet) {
 		m, ok := d.startRemote(q, p, uint64(p.DMALen), accRemoteWrite)
 		if !ok {
 			return
+		}
+		if op.HasImm() && !d.takeRecv(q, p) {
+			return // RNR: nothing started, the retry starts again
 		}
 		s.inMsg, s.isSend, s.off = true, false, 0
 		s.wm, s.wva, s.wlen = m, p.VA, p.DMALen
@@ -320,16 +339,19 @@ func (d *Device) recvError(q *qp, syndrome uint8) {
 
 func (d *Device) recvRead(q *qp, p *roce.Packet) {
 	s := &q.resp
-	m, ok := d.startRemote(q, p, uint64(p.DMALen), accRemoteRead)
-	if !ok {
+	if p.DMALen > 1<<31 {
+		d.fatal(q, p, roce.NakInvalidRequest)
+		return
+	}
+	if _, ok := d.startRemote(q, p, uint64(p.DMALen), accRemoteRead); !ok {
 		return
 	}
 	mtu := q.mtu()
 	r := d.remember(q)
-	*r = resource{valid: true, psn: p.PSN, npkts: max(1, (p.DMALen+mtu-1)/mtu), m: m, va: p.VA, length: p.DMALen}
+	*r = resource{valid: true, psn: p.PSN, npkts: max(1, (p.DMALen+mtu-1)/mtu), rkey: p.RKey, va: p.VA, length: p.DMALen}
 	s.epsn = (s.epsn + r.npkts) & roce.PSNMask
 	s.msn = (s.msn + 1) & roce.PSNMask
-	d.sendReadResponses(q, r, p.PSN)
+	d.queueRead(q, r, p.PSN)
 }
 
 func (d *Device) recvAtomic(q *qp, p *roce.Packet) {
@@ -354,18 +376,47 @@ func (d *Device) recvAtomic(q *qp, p *roce.Packet) {
 	d.sendAtomicAck(q, r)
 }
 
-// remember returns the next slot for a READ or atomic resource.
+// remember returns the next slot for a READ or atomic resource. A READ in
+// that slot still sending responses (only a peer that ignores its
+// max_rd_atomic gets this far ahead) stops.
 func (d *Device) remember(q *qp) *resource {
 	s := &q.resp
 	r := &s.res[s.resNext]
 	s.resNext = (s.resNext + 1) % maxResources
+	if r.queued {
+		s.reads = slices.DeleteFunc(s.reads, func(x *resource) bool { return x == r })
+	}
 	return r
 }
 
-// sendReadResponses sends the responses of a READ from PSN from.
-func (d *Device) sendReadResponses(q *qp, r *resource, from uint32) {
+// queueRead schedules the responses of a READ from PSN from.
+func (d *Device) queueRead(q *qp, r *resource, from uint32) {
+	s := &q.resp
+	r.next = uint32(roce.PSNDiff(from, r.psn))
+	if !r.queued {
+		r.queued = true
+		if len(s.reads) == 0 {
+			s.reads = s.readBuf[:0]
+		}
+		s.reads = append(s.reads, r)
+		if cap(s.reads) > cap(s.readBuf) {
+			s.readBuf = s.reads[:0]
+		}
+	}
+	if !s.queued {
+		s.queued = true
+		d.eng.readq = append(d.eng.readq, q)
+	}
+}
+
+// sendReads sends up to readBudget READ response packets of a QP, oldest
+// READ first. It reports whether responses remain.
+func (d *Device) sendReads(q *qp) bool {
+	s := &q.resp
 	mtu := q.mtu()
-	for k := uint32(roce.PSNDiff(from, r.psn)); k < r.npkts; k++ {
+	for budget := readBudget; budget > 0 && len(s.reads) > 0; budget-- {
+		r := s.reads[0]
+		k := r.next
 		p := d.newPacket(q)
 		p.PSN = (r.psn + k) & roce.PSNMask
 		first, last := k == 0, k == r.npkts-1
@@ -380,18 +431,30 @@ func (d *Device) sendReadResponses(q *qp, r *resource, from uint32) {
 			p.Opcode = roce.ReadResponseMiddle
 		}
 		if first || last {
-			p.Syndrome, p.MSN = roce.AETHAck|roce.AETHInvalidCredits, q.resp.msn
+			p.Syndrome, p.MSN = roce.AETHAck|roce.AETHInvalidCredits, s.msn
 		}
 		off := k * mtu
 		n := min(mtu, r.length-min(off, r.length))
 		p.Payload = p.Payload[:n]
-		if n > 0 && !r.m.read(r.va+uint64(off), p.Payload) {
-			putPacket(p)
-			d.fatal(q, &roce.Packet{PSN: p.PSN}, roce.NakRemoteOpErr)
-			return
+		if n > 0 {
+			// Check the key again: the region may be gone since the
+			// request came (or since the duplicate asking for it again).
+			m, ok := d.remoteMR(q, r.rkey, r.va, uint64(r.length), accRemoteRead)
+			if !ok || !m.read(r.va+uint64(off), p.Payload) {
+				putPacket(p)
+				d.fatal(q, &roce.Packet{PSN: p.PSN}, roce.NakRemoteAccess)
+				return false
+			}
 		}
 		d.eng.send(p)
+		r.next++
+		if r.next == r.npkts {
+			r.queued = false
+			s.reads[0] = nil
+			s.reads = s.reads[1:]
+		}
 	}
+	return len(s.reads) > 0
 }
 
 func (d *Device) sendAtomicAck(q *qp, r *resource) {
@@ -419,7 +482,7 @@ func (d *Device) duplicate(q *qp, p *roce.Packet) {
 				if r.atomic {
 					d.sendAtomicAck(q, r)
 				} else {
-					d.sendReadResponses(q, r, p.PSN)
+					d.queueRead(q, r, p.PSN)
 				}
 				return
 			}
@@ -443,6 +506,9 @@ func (d *Device) sendAck(q *qp) {
 // sendNak sends an Acknowledge packet with the given syndrome (an ACK, an
 // RNR NAK or a NAK) for psn.
 func (d *Device) sendNak(q *qp, syndrome uint8, psn uint32) {
+	if d.debug {
+		d.log.Debug("send ack/nak", "qp", q.num, "syndrome", syndrome, "psn", psn, "epsn", q.resp.epsn)
+	}
 	if syndrome&roce.AETHKind != roce.AETHAck {
 		d.counters.NaksSent.Add(1)
 	}
@@ -478,13 +544,18 @@ func (d *Device) flush(q *qp) {
 }
 
 // flushPosted flushes the WQEs posted to a QP in the error state since the
-// last look.
+// last look: send WQEs when the client rings the send doorbell, receive
+// WQEs (which have no doorbell) at each round of the engine.
 func (d *Device) flushPosted(q *qp) {
 	r := &q.req
 	for sqOwned(q, r.head) {
 		d.flushCQE(q.scq, q.num, r.head, true)
 		r.head++
 	}
+	d.flushPostedRecv(q)
+}
+
+func (d *Device) flushPostedRecv(q *qp) {
 	if q.srq == nil && q.rqDB != nil {
 		for uint16(mlx4hw.LoadBE32(q.rqDB))-uint16(q.rqTook) != 0 {
 			d.flushCQE(q.rcq, q.num, q.rqTook&(q.rq.cnt-1), false)

@@ -122,11 +122,14 @@ func (d *Device) cmdDestroySRQ(r *request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	resp := uverbs.DestroySRQResp{EventsReported: s.events}
+	if r.outLen < int(unsafeSize(resp)) { // fail before destroying anything
+		return nil, unix.Error(unix.ENOSPC, "no room for the response")
+	}
 	if err := d.destroySRQ(s); err != nil {
 		return nil, err
 	}
 	delete(r.c.objs, req.SRQHandle)
-	resp := uverbs.DestroySRQResp{EventsReported: s.events}
 	return response[uverbs.DestroySRQResp, noDriver](r, &resp, nil)
 }
 

@@ -208,6 +208,9 @@ type Packet struct {
 	// seven bits after the AckReq bit.
 	Resv8a uint8
 	Resv7  uint8
+	// The reserved bytes of the XRCETH and the DETH.
+	XRCResv  uint8
+	DETHResv uint8
 
 	// XRCETH
 	XRCSRQ uint32

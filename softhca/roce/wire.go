@@ -30,7 +30,7 @@ var (
 	ErrShort   = errors.New("roce: packet too short")
 	ErrOpcode  = errors.New("roce: unknown opcode")
 	ErrVersion = errors.New("roce: unknown transport header version")
-	ErrPad     = errors.New("roce: pad count exceeds payload")
+	ErrPad     = errors.New("roce: payload not padded to four bytes")
 	ErrICRC    = errors.New("roce: ICRC mismatch")
 )
 
@@ -96,11 +96,11 @@ func (p *Packet) AppendTransport(b []byte) []byte {
 	binary.BigEndian.PutUint32(bth[8:], a<<24|p.PSN&PSNMask)
 	b = append(b, bth[:]...)
 	if o.HasXRCETH() {
-		b = binary.BigEndian.AppendUint32(b, p.XRCSRQ&PSNMask)
+		b = binary.BigEndian.AppendUint32(b, uint32(p.XRCResv)<<24|p.XRCSRQ&PSNMask)
 	}
 	if o.HasDETH() {
 		b = binary.BigEndian.AppendUint32(b, p.QKey)
-		b = binary.BigEndian.AppendUint32(b, p.SrcQP&PSNMask)
+		b = binary.BigEndian.AppendUint32(b, uint32(p.DETHResv)<<24|p.SrcQP&PSNMask)
 	}
 	if o.HasRETH() {
 		b = binary.BigEndian.AppendUint64(b, p.VA)
@@ -160,11 +160,13 @@ func ParseTransport(b []byte, p *Packet) error {
 	off := BTHLen
 	if o.HasXRCETH() {
 		p.XRCSRQ = binary.BigEndian.Uint32(b[off:]) & PSNMask
+		p.XRCResv = b[off]
 		off += XRCETHLen
 	}
 	if o.HasDETH() {
 		p.QKey = binary.BigEndian.Uint32(b[off:])
 		p.SrcQP = binary.BigEndian.Uint32(b[off+4:]) & PSNMask
+		p.DETHResv = b[off+4]
 		off += DETHLen
 	}
 	if o.HasRETH() {
@@ -194,8 +196,8 @@ func ParseTransport(b []byte, p *Packet) error {
 		off += ImmDtLen
 	}
 	payload := b[off:]
-	if int(p.Pad) > len(payload) {
-		return ErrPad
+	if int(p.Pad) > len(payload) || len(payload)%4 != 0 {
+		return fmt.Errorf("%w: %d bytes of payload with a pad of %d", ErrPad, len(payload), p.Pad)
 	}
 	p.Payload = payload[:len(payload)-int(p.Pad)]
 	return nil

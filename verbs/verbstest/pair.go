@@ -56,6 +56,7 @@ type pairOpts struct {
 	noConnect bool // create the QPs but leave them in RESET
 	channel   bool // give the CQs a completion channel
 	sigAll    bool
+	psn       uint32 // the first PSN both ways
 }
 
 func defaultOpts() pairOpts {
@@ -69,6 +70,7 @@ func defaultOpts() pairOpts {
 		minRNR:   1,
 		timeout:  14,
 		retryCnt: 7,
+		psn:      0x1234,
 	}
 }
 
@@ -172,13 +174,13 @@ func connectTo(t testing.TB, s *side, gid verbs.GID, qpn uint32, o pairOpts) {
 	}{
 		{verbs.QPAttr{State: verbs.QPSInit, Port: 1, AccessFlags: o.qpAccess},
 			verbs.QPAttrState | verbs.QPAttrPkeyIndex | verbs.QPAttrPort | verbs.QPAttrAccessFlags},
-		{verbs.QPAttr{State: verbs.QPSRTR, PathMTU: o.mtu, DestQPN: qpn, RQPSN: 0x1234,
+		{verbs.QPAttr{State: verbs.QPSRTR, PathMTU: o.mtu, DestQPN: qpn, RQPSN: o.psn,
 			MaxDestRdAtomic: 4, MinRNRTimer: o.minRNR,
 			AH: verbs.AHAttr{IsGlobal: true, Port: 1, GRH: verbs.GlobalRoute{DGID: gid, HopLimit: 64}}},
 			verbs.QPAttrState | verbs.QPAttrAV | verbs.QPAttrPathMTU | verbs.QPAttrDestQPN | verbs.QPAttrRQPSN |
 				verbs.QPAttrMaxDestRdAtomic | verbs.QPAttrMinRNRTimer},
 		{verbs.QPAttr{State: verbs.QPSRTS, Timeout: o.timeout, RetryCnt: o.retryCnt, RNRRetry: o.rnrRetry,
-			SQPSN: 0x1234, MaxRdAtomic: 4},
+			SQPSN: o.psn, MaxRdAtomic: 4},
 			verbs.QPAttrState | verbs.QPAttrTimeout | verbs.QPAttrRetryCnt | verbs.QPAttrRNRRetry |
 				verbs.QPAttrSQPSN | verbs.QPAttrMaxQPRdAtomic},
 	}
@@ -295,13 +297,35 @@ type Endpoint struct {
 	QP  *verbs.QP
 }
 
+// Options change the defaults of ConnectWith; zero fields keep them.
+type Options struct {
+	MTU      verbs.MTU // path MTU (default 1024)
+	Timeout  uint8     // the QPs' transport timeout (default 14: 67 ms)
+	RetryCnt uint8     // default 7
+}
+
 // Connect makes a connected RC pair on env, each side with a registered
 // buffer of bufSize bytes (all access rights) and a 256-entry CQ. Its QPs
 // take 64 outstanding requests each way.
 func Connect(tb testing.TB, env Env, bufSize int) (a, b Endpoint) {
 	tb.Helper()
+	return ConnectWith(tb, env, bufSize, Options{})
+}
+
+// ConnectWith is Connect with other QP attributes.
+func ConnectWith(tb testing.TB, env Env, bufSize int, opt Options) (a, b Endpoint) {
+	tb.Helper()
 	o := defaultOpts()
 	o.bufSize = bufSize
+	if opt.MTU != 0 {
+		o.mtu = opt.MTU
+	}
+	if opt.Timeout != 0 {
+		o.timeout = opt.Timeout
+	}
+	if opt.RetryCnt != 0 {
+		o.retryCnt = opt.RetryCnt
+	}
 	p := newPair(tb, env, o)
 	ep := func(s *side) Endpoint {
 		return Endpoint{Ctx: s.ctx, PD: s.pd, CQ: s.cq, Buf: s.buf, MR: s.mr, QP: s.qp}

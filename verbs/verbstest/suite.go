@@ -44,6 +44,11 @@ func Run(t *testing.T, env Env) {
 		{"RNRRetryExceeded", testRNRRetryExceeded},
 		{"RNRRecovers", testRNRRecovers},
 		{"RetryExceeded", testRetryExceeded},
+		{"WriteImmRNR", testWriteImmRNR},
+		{"CompletionOrderOnError", testCompletionOrderOnError},
+		{"ResetAndReconnect", testResetAndReconnect},
+		{"PSNWrap", testPSNWrap},
+		{"RecvPostedInError", testRecvPostedInError},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, env) })

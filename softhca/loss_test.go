@@ -1,0 +1,175 @@
+package softhca_test
+
+import (
+	"encoding/binary"
+	"hash/crc64"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/verbs"
+	"github.com/xrcrun/xrc/verbs/verbstest"
+)
+
+var crcTable = crc64.MakeTable(crc64.ECMA)
+
+var cfgLogger *slog.Logger
+
+// lossyEnv is two devices on UDP whose every packet, both ways, may be
+// lost, duplicated or reordered.
+func lossyEnv(f softhca.Faults) (verbstest.Env, *[2]*softhca.Device) {
+	devs := new([2]*softhca.Device)
+	return verbstest.Env{Name: "lossy UDP", Open: func(t testing.TB) (a, b *verbs.Context) {
+		for i := range devs {
+			f.Seed += uint64(i)
+			devs[i] = newUDPDevice(t, softhca.Config{Faults: f, Logger: cfgLogger})
+		}
+		return open(t, devs[0]), open(t, devs[1])
+	}}, devs
+}
+
+// TestLossyLink sends messages of random sizes, and RDMA WRITEs and READs,
+// over links that lose 10% of the packets, duplicate 5% and reorder 5%:
+// every message arrives exactly once, in order, intact, and the counters
+// show the retransmissions. XRC_LOSS_MESSAGES sets the number of SENDs
+// (default 2000; the acceptance run uses 10000).
+func TestLossyLink(t *testing.T) {
+	n := 2000
+	if s := os.Getenv("XRC_LOSS_MESSAGES"); s != "" {
+		n, _ = strconv.Atoi(s)
+	}
+	if testing.Short() {
+		n = 200
+	}
+	env, devs := lossyEnv(softhca.Faults{Loss: 0.10, Duplicate: 0.05, Reorder: 0.05, Seed: 7})
+	const maxSize = 1 << 20
+	pa, pb := verbstest.ConnectWith(t, env, 8<<20, verbstest.Options{Timeout: 8, MTU: verbs.MTU4096})
+	rng := rand.New(rand.NewPCG(1, 2))
+	wc := make([]verbs.WorkCompletion, 16)
+	const slots = 4 // receive buffers of maxSize each, and as many messages in flight
+	recv := func(i int) {
+		if err := pb.QP.PostRecv(&verbs.RecvWR{WRID: uint64(i % slots), SG: []verbs.SGE{pb.MR.SGE((i%slots)*maxSize, maxSize)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range slots {
+		recv(i)
+	}
+	sizes := make([]int, n)
+	sums := make([]uint64, n)
+	sent, got, sendDone := 0, 0, 0
+	deadline := time.Now().Add(10 * time.Minute)
+	for got < n || sendDone < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d messages after 10 minutes", got, n)
+		}
+		// Keep up to slots messages in flight.
+		for sent < n && sent-got < slots && sent-sendDone < slots {
+			size := 16 + rng.IntN(maxSize-16)
+			slot := pa.Buf[(sent%slots)*maxSize : (sent%slots)*maxSize+size]
+			for j := 8; j+8 <= size; j += 8 {
+				binary.LittleEndian.PutUint64(slot[j:], rng.Uint64())
+			}
+			binary.LittleEndian.PutUint64(slot, uint64(sent))
+			sizes[sent], sums[sent] = size, crc64.Checksum(slot, crcTable)
+			if err := pa.QP.PostSend(&verbs.SendWR{WRID: uint64(sent), Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+				SG: []verbs.SGE{pa.MR.SGE((sent%slots)*maxSize, size)}}); err != nil {
+				t.Fatal(err)
+			}
+			sent++
+		}
+		k, err := pa.CQ.Poll(wc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range wc[:k] {
+			if c.Status != verbs.WCSuccess || c.WRID != uint64(sendDone) {
+				t.Fatalf("send completion %+v, want wr_id %d", c, sendDone)
+			}
+			sendDone++
+		}
+		k2, err := pb.CQ.Poll(wc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k+k2 == 0 {
+			// Nothing yet: sleep rather than spin, so that the devices'
+			// socket readers, which share this process's two CPUs, run.
+			time.Sleep(20 * time.Microsecond)
+		}
+		for _, c := range wc[:k2] {
+			if c.Status != verbs.WCSuccess || c.WRID != uint64(got%slots) || int(c.ByteLen) != sizes[got] {
+				t.Fatalf("receive %d: %+v, want %d bytes", got, c, sizes[got])
+			}
+			msg := pb.Buf[(got%slots)*maxSize : (got%slots)*maxSize+sizes[got]]
+			if seq := binary.LittleEndian.Uint64(msg); seq != uint64(got) {
+				t.Fatalf("receive %d carries message %d", got, seq)
+			}
+			if crc64.Checksum(msg, crcTable) != sums[got] {
+				t.Fatalf("message %d: checksum differs", got)
+			}
+			got++
+			if got+slots-1 < n {
+				recv(got + slots - 1)
+			}
+		}
+	}
+	// RDMA WRITE then READ back, with checksums, through the same loss.
+	for i := range 20 {
+		size := 1 + rng.IntN(2<<20)
+		src := pa.Buf[:size]
+		for j := range src {
+			src[j] = byte(rng.Uint32())
+		}
+		sum := crc64.Checksum(src, crcTable)
+		post := func(op verbs.WROpcode, local int) {
+			if err := pa.QP.PostSend(&verbs.SendWR{WRID: uint64(i), Opcode: op, Flags: verbs.SendSignaled,
+				SG: []verbs.SGE{pa.MR.SGE(local, size)}, RemoteAddr: pb.MR.Addr() + 4<<20, RKey: pb.MR.RKey()}); err != nil {
+				t.Fatal(err)
+			}
+			for {
+				k, err := pa.CQ.Poll(wc[:1])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if k == 0 {
+					time.Sleep(20 * time.Microsecond)
+				}
+				if k == 1 {
+					want := map[verbs.WROpcode]verbs.WCOpcode{verbs.WRRDMAWrite: verbs.WCRDMAWrite, verbs.WRRDMARead: verbs.WCRDMARead}[op]
+					if wc[0].Status != verbs.WCSuccess || wc[0].WRID != uint64(i) || wc[0].Opcode != want {
+						t.Fatalf("%v %d: %+v", op, i, wc[0])
+					}
+					return
+				}
+			}
+		}
+		post(verbs.WRRDMAWrite, 0)
+		if crc64.Checksum(pb.Buf[4<<20:4<<20+size], crcTable) != sum {
+			bad := map[int]int{}
+			for j := range size {
+				if pb.Buf[4<<20+j] != src[j] {
+					bad[j/4096]++
+				}
+			}
+			t.Fatalf("write %d of %d bytes: checksum differs in packets %v; dst %x src %x", i, size, bad, pb.Buf[4<<20:4<<20+8], src[:8])
+		}
+		post(verbs.WRRDMARead, 4<<20)
+		if crc64.Checksum(pa.Buf[4<<20:4<<20+size], crcTable) != sum {
+			t.Fatalf("read %d: checksum differs", i)
+		}
+	}
+	for i, d := range devs {
+		c := d.Counters()
+		t.Logf("device %d: sent %d packets, dropped %d, duplicated %d, reordered %d; retransmitted %d, duplicates received %d, sequence NAKs %d, timeouts %d",
+			i, c.XmitPackets.Load(), c.FaultDrops.Load(), c.FaultDups.Load(), c.FaultReorders.Load(),
+			c.Retransmits.Load(), c.DuplicateRequest.Load(), c.PacketSeqErr.Load(), c.AckTimeouts.Load())
+	}
+	if devs[0].Counters().Retransmits.Load() == 0 || devs[0].Counters().FaultDrops.Load() == 0 {
+		t.Fatal("no retransmissions counted under 10% loss")
+	}
+}
