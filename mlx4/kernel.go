@@ -39,10 +39,10 @@ type Kernel interface {
 	Close() error
 }
 
-// Yielder is implemented by a Kernel whose device shares the process's
-// CPUs with its users: a software HCA running in the same process. Poll
-// calls Yield when it finds a CQ empty, so that a caller spinning on Poll
-// lets the device make progress. Hardware needs no such thing.
+// Yielder is implemented by a Kernel whose device shares the CPUs with its
+// users: a software HCA, in this process or another. Poll calls Yield when
+// it finds a CQ empty, so that a caller spinning on Poll lets the device
+// make progress. Hardware needs no such thing.
 type Yielder interface {
 	Yield()
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/softhca/hcatest"
 	"github.com/xrcrun/xrc/verbs"
 	"github.com/xrcrun/xrc/verbs/verbstest"
 )
@@ -25,6 +26,14 @@ var benchEnvs = []verbstest.Env{
 	}},
 	{Name: "two-devices-udp-nospin", Open: func(t testing.TB) (a, b *verbs.Context) {
 		return open(t, newUDPDevice(t, softhca.Config{SpinIdle: -1})), open(t, newUDPDevice(t, softhca.Config{SpinIdle: -1}))
+	}},
+	{Name: "device-process", Open: func(t testing.TB) (a, b *verbs.Context) {
+		s := hcatest.Start(t, t.TempDir())
+		return attach(t, s), attach(t, s)
+	}},
+	{Name: "two-device-processes", Open: func(t testing.TB) (a, b *verbs.Context) {
+		dir := t.TempDir()
+		return attach(t, hcatest.Start(t, dir)), attach(t, hcatest.Start(t, dir))
 	}},
 }
 

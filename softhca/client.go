@@ -25,7 +25,7 @@ type Client struct {
 	channels   map[int32]*compChannel // by the fd number the client was given
 	asyncDev   int                    // the device's end of the async event socket
 	asyncUser  int                    // the client's end, until GET_CONTEXT hands it out
-	handedOut  []int                  // event fds given to the client, which closes them
+	handedOut  []int                  // event fds given to the client since takeHandedOut
 }
 
 // memory is how the device reaches a client's memory.
@@ -84,6 +84,45 @@ func object[T any](c *Client, h uint32) (T, error) {
 		return zero, unix.Errorf(unix.EINVAL, "no %T with handle %d", zero, h)
 	}
 	return o, nil
+}
+
+// takeHandedOut returns the event fds given to the client since the last
+// call. A client in another process gets them passed over its socket, and
+// the device then closes its copies.
+func (c *Client) takeHandedOut() []int {
+	c.d.mu.Lock()
+	defer c.d.mu.Unlock()
+	fds := c.handedOut
+	c.handedOut = nil
+	return fds
+}
+
+// usesQueue reports whether a live object of the client has its queue
+// memory or doorbell record in b. Caller holds d.mu.
+func (c *Client) usesQueue(b []byte) bool {
+	lo := unix.AddrOf(b)
+	hi := lo + uintptr(len(b))
+	in := func(x []byte) bool {
+		a := unix.AddrOf(x)
+		return len(x) > 0 && a < hi && a+uintptr(len(x)) > lo
+	}
+	for _, o := range c.objs {
+		switch o := o.(type) {
+		case *cq:
+			if in(o.buf) || in(o.db) {
+				return true
+			}
+		case *srq:
+			if in(o.buf) || in(o.db) {
+				return true
+			}
+		case *qp:
+			if in(o.sq.buf) || in(o.rq.buf) || in(o.rqDB) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // asyncEvent queues an async event record for the client. Caller holds

@@ -39,6 +39,7 @@ type Counters struct {
 
 	BadCommands   atomic.Uint64 // commands rejected for their framing or arguments
 	BadDoorbells  atomic.Uint64 // doorbells naming no queue of the client
+	BadMessages   atomic.Uint64 // device service messages rejected
 	EventsDropped atomic.Uint64 // events a full or closed channel could not take
 	CQOverruns    atomic.Uint64
 	LocalErrors   atomic.Uint64 // work requests completed with a local error
@@ -78,6 +79,7 @@ func (c *Counters) Each(f func(name, help string, v uint64)) {
 		{"fault_delays", "Packets delayed by fault injection.", &c.FaultDelays},
 		{"bad_commands", "Commands rejected.", &c.BadCommands},
 		{"bad_doorbells", "Doorbells naming no queue of the client.", &c.BadDoorbells},
+		{"bad_messages", "Device service messages rejected.", &c.BadMessages},
 		{"events_dropped", "Events a full or closed channel could not take.", &c.EventsDropped},
 		{"cq_overruns", "Completion queue overruns.", &c.CQOverruns},
 		{"local_errors", "Work requests completed with a local error.", &c.LocalErrors},

@@ -18,6 +18,7 @@ const (
 	evQPAccessErr      = 3
 	evCommEst          = 4
 	evSQDrained        = 5
+	evDeviceFatal      = 8
 	evPortActive       = 9
 	evPortErr          = 10
 	evSRQErr           = 14

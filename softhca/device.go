@@ -45,6 +45,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/xrcrun/xrc/internal/qpstate"
 )
 
 // Config describes a device.
@@ -114,6 +116,7 @@ type Device struct {
 	eng     *engine
 	reg     prometheus.Registerer
 	stopCtx func() bool
+	gone    chan struct{} // closed by Close
 	portUp  atomic.Bool
 
 	mu      sync.Mutex // guards everything below and the state of every object
@@ -174,6 +177,11 @@ func New(ctx context.Context, cfg Config) (*Device, error) {
 		srqs: map[uint32]*srq{}, qps: map[uint32]*qp{},
 		nextPDN: 1, nextMR: 1, nextCQN: 1, nextSRQ: 1, nextQPN: firstQPN,
 	}
+	// The engine exists before the link, which may deliver at once; it
+	// starts once the device is complete.
+	d.portUp.Store(true)
+	d.gone = make(chan struct{})
+	d.eng = newEngine(d, cfg.SpinIdle, cfg.Faults)
 	var err error
 	switch {
 	case cfg.UDP && cfg.Fabric != nil:
@@ -195,8 +203,6 @@ func New(ctx context.Context, cfg Config) (*Device, error) {
 			return nil, fmt.Errorf("softhca: register metrics: %w", err)
 		}
 	}
-	d.portUp.Store(true)
-	d.eng = newEngine(d, cfg.SpinIdle, cfg.Faults)
 	go d.eng.loop()
 	registerLocal(d)
 	d.stopCtx = context.AfterFunc(ctx, func() { d.Close() })
@@ -221,6 +227,8 @@ func (d *Device) Close() error {
 		return nil
 	}
 	d.closed = true
+	close(d.gone)
+	d.fail()
 	clients := make([]*Client, 0, len(d.clients))
 	for c := range d.clients {
 		clients = append(clients, c)
@@ -240,6 +248,25 @@ func (d *Device) Close() error {
 		d.stopCtx()
 	}
 	return errors.Join(errs...)
+}
+
+// fail puts every QP in the error state, its posted work flushed, and tells
+// every client that the device is gone (IBV_EVENT_DEVICE_FATAL), as a dying
+// HCA does: clients in other processes, whose queues outlive the device,
+// see their work complete with flush errors. Caller holds d.mu.
+func (d *Device) fail() {
+	for _, q := range d.qps {
+		if q.state == qpstate.Reset || q.destroyed {
+			continue
+		}
+		if q.state != qpstate.Err {
+			d.setState(q, qpstate.Err)
+		}
+		d.flushPosted(q)
+	}
+	for c := range d.clients {
+		c.asyncEvent(0, evDeviceFatal)
+	}
 }
 
 // SetPortActive brings the port up or down, as a cable that is plugged in or

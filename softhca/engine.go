@@ -27,6 +27,7 @@ type engine struct {
 	qmu   sync.Mutex
 	rx    []*roce.Packet // guarded by qmu: packets delivered to the device
 	bells []doorbell     // guarded by qmu
+	rings []*bellSource  // guarded by qmu: the bell rings of other processes' clients
 
 	pending  atomic.Bool // work was queued since the engine last looked
 	sleeping atomic.Bool
@@ -56,6 +57,13 @@ type doorbell struct {
 	c   *Client
 	off int
 	v   uint64
+}
+
+// bellSource is the bell ring of a client in another process.
+type bellSource struct {
+	c    *Client
+	r    *bellRing
+	head uint32 // guarded by qmu
 }
 
 func newEngine(d *Device, spin time.Duration, f Faults) *engine {
@@ -95,6 +103,42 @@ func (e *engine) ring(c *Client, off int, v uint64) {
 	e.kick()
 }
 
+// addRing starts taking doorbells from a client's bell ring.
+func (e *engine) addRing(s *bellSource) {
+	e.qmu.Lock()
+	e.rings = append(e.rings, s)
+	e.qmu.Unlock()
+	e.kick()
+}
+
+// removeRing stops taking doorbells from a ring; once it returns, the
+// engine no longer touches the ring's memory.
+func (e *engine) removeRing(s *bellSource) {
+	e.qmu.Lock()
+	e.rings = slices.DeleteFunc(e.rings, func(x *bellSource) bool { return x == s })
+	e.qmu.Unlock()
+}
+
+// setRingsSleeping tells the clients of bell rings whether the engine
+// sleeps, and reports whether a ring has doorbells waiting (then the engine
+// must not sleep after all).
+func (e *engine) setRingsSleeping(sleeping bool) bool {
+	e.qmu.Lock()
+	defer e.qmu.Unlock()
+	v := uint32(0)
+	if sleeping {
+		v = 1
+	}
+	waiting := false
+	for _, s := range e.rings {
+		s.r.sleeping.Store(v)
+	}
+	for _, s := range e.rings {
+		waiting = waiting || s.r.pending(s.head)
+	}
+	return waiting
+}
+
 // schedule asks for a QP's send queue to be looked at in this round.
 // Caller holds d.mu (it is called from commands and from the engine).
 func (e *engine) schedule(q *qp) {
@@ -105,6 +149,10 @@ func (e *engine) schedule(q *qp) {
 	e.kick()
 }
 
+// pollBudget is how many datagrams the engine reads from its socket in a
+// round, so that a flood cannot starve the rest of its work.
+const pollBudget = 64
+
 func (e *engine) loop() {
 	defer close(e.done)
 	idleSince := time.Now()
@@ -113,7 +161,11 @@ func (e *engine) loop() {
 		e.qmu.Lock()
 		e.rxWork, e.rx = e.rx, e.rxWork[:0]
 		e.bellWork, e.bells = e.bells, e.bellWork[:0]
+		for _, s := range e.rings {
+			e.bellWork = s.r.take(s.c, &s.head, e.bellWork, &e.d.counters.BadDoorbells)
+		}
 		e.qmu.Unlock()
+		e.rxWork = e.d.link.poll(e.rxWork, pollBudget)
 
 		e.d.mu.Lock()
 		worked := e.round()
@@ -132,8 +184,10 @@ func (e *engine) loop() {
 			continue
 		}
 		e.sleeping.Store(true)
-		if e.pending.Load() {
+		e.d.link.idle()
+		if e.setRingsSleeping(true) || e.pending.Load() {
 			e.sleeping.Store(false)
+			e.setRingsSleeping(false)
 			continue
 		}
 		select {
@@ -142,6 +196,7 @@ func (e *engine) loop() {
 			return
 		}
 		e.sleeping.Store(false)
+		e.setRingsSleeping(false)
 		idleSince = time.Now()
 	}
 }
@@ -293,22 +348,28 @@ func (e *engine) send(p *roce.Packet) {
 }
 
 func (e *engine) flushOut() {
-	for i, p := range e.out {
-		e.d.transmit(p)
-		e.out[i] = nil
-	}
+	e.d.transmit(e.out)
+	clear(e.out)
 	e.out = e.out[:0]
 }
 
-// transmit puts a packet on the link, or drops it if the port is down.
-func (d *Device) transmit(p *roce.Packet) {
-	if !d.portUp.Load() { // nothing leaves a port that is down
-		putPacket(p)
+// transmit puts packets on the link, in order, or drops them if the port
+// is down. It takes their ownership.
+func (d *Device) transmit(ps []*roce.Packet) {
+	if len(ps) == 0 {
 		return
 	}
-	d.counters.XmitPackets.Add(1)
-	d.counters.XmitData.Add(uint64(len(p.Payload)))
-	d.link.send(p)
+	if !d.portUp.Load() { // nothing leaves a port that is down
+		for _, p := range ps {
+			putPacket(p)
+		}
+		return
+	}
+	d.counters.XmitPackets.Add(uint64(len(ps)))
+	for _, p := range ps {
+		d.counters.XmitData.Add(uint64(len(p.Payload)))
+	}
+	d.link.sendBatch(ps)
 }
 
 // timerHeap orders the QPs whose timer is set by when it fires.

@@ -85,7 +85,7 @@ func (fl *faulter) apply(d *Device, p *roce.Packet, out []*roce.Packet) []*roce.
 		return out
 	case r.Float64() < f.Delay:
 		d.counters.FaultDelays.Add(1)
-		d.clock.AfterFunc(f.DelayBy, func() { d.transmit(p) })
+		d.clock.AfterFunc(f.DelayBy, func() { d.transmit([]*roce.Packet{p}) })
 		return out
 	}
 	out = append(out, p)

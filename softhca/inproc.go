@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/xrcrun/xrc/internal/unix"
 	"github.com/xrcrun/xrc/mlx4"
@@ -74,14 +75,14 @@ func (k *localKernel) AllocQueue(n int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	k.mem.addQueue(b)
+	k.mem.addQueue(uint64(unix.AddrOf(b)), b)
 	return b, nil
 }
 
 // FreeQueue stops sharing and unmaps. The provider frees queue memory only
 // after the device has destroyed the queue that used it.
 func (k *localKernel) FreeQueue(b []byte) error {
-	if !k.mem.removeQueue(b) {
+	if _, ok := k.mem.removeQueue(uint64(unix.AddrOf(b))); !ok {
 		return unix.Error(unix.EINVAL, "free of memory that is not a queue")
 	}
 	return unix.Munmap(b)
@@ -132,18 +133,36 @@ func unregisterLocal(d *Device) {
 
 func init() { verbs.RegisterDriver(softDriver{}) }
 
-// softDriver lists software HCAs. In-process devices are found in this
-// process's table.
+// softDriver lists software HCAs: the devices of this process, then the
+// device services whose sockets are in RuntimeDir().
 type softDriver struct{}
 
 func (softDriver) Name() string { return "soft" }
 
 func (softDriver) Devices() ([]verbs.DeviceInfo, error) {
 	local.mu.Lock()
-	defer local.mu.Unlock()
 	var out []verbs.DeviceInfo
+	seen := map[string]bool{}
 	for _, d := range local.devices {
 		out = append(out, verbs.DeviceInfo{Name: d.name, Driver: "soft", NodeGUID: d.guid, Transport: "software"})
+		seen[d.name] = true
+	}
+	local.mu.Unlock()
+	names, err := serviceNames(RuntimeDir())
+	if err != nil {
+		return out, fmt.Errorf("softhca: list %s: %w", RuntimeDir(), err)
+	}
+	for _, n := range names {
+		if seen[n] {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		info, err := serviceInfo(ctx, "", n)
+		cancel()
+		if err != nil {
+			continue // a socket left by a device that died
+		}
+		out = append(out, verbs.DeviceInfo{Name: info.name, Driver: "soft", NodeGUID: info.guid, Transport: "software"})
 	}
 	return out, nil
 }
@@ -157,8 +176,17 @@ func (softDriver) Open(ctx context.Context, name string, cfg verbs.Config) (verb
 		}
 	}
 	local.mu.Unlock()
-	if d == nil {
-		return nil, verbs.ErrNoDevice
+	if d != nil {
+		return d.provider()
 	}
-	return d.provider()
+	k, err := Attach(ctx, "", name)
+	if err != nil {
+		return nil, err
+	}
+	p, err := mlx4.Open(k)
+	if err != nil {
+		k.Close()
+		return nil, fmt.Errorf("open %s: %w", name, err)
+	}
+	return p, nil
 }

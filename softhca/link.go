@@ -12,8 +12,14 @@ import (
 // A link carries the device's packets to other devices: a Fabric within
 // the process, or RoCEv2 over UDP between processes and machines.
 type link interface {
-	// send transmits p, whose ownership it takes.
-	send(p *roce.Packet)
+	// sendBatch transmits packets in order, taking their ownership.
+	sendBatch(ps []*roce.Packet)
+	// poll appends up to max packets that arrived and were not delivered
+	// to the engine yet. Only the engine calls it.
+	poll(out []*roce.Packet, max int) []*roce.Packet
+	// idle tells the link the engine is about to sleep: a packet that
+	// comes must wake it (e.eng.kick).
+	idle()
 	close() error
 }
 
@@ -53,13 +59,21 @@ func (l *fabricLink) close() error {
 	return nil
 }
 
-func (l *fabricLink) send(p *roce.Packet) {
+// poll finds nothing: a fabric delivers to the engine directly.
+func (l *fabricLink) poll(out []*roce.Packet, max int) []*roce.Packet { return out }
+
+// idle needs nothing: a fabric kicks the engine of every packet it
+// delivers.
+func (l *fabricLink) idle() {}
+
+func (l *fabricLink) sendBatch(ps []*roce.Packet) {
 	l.f.mu.RLock()
-	dst := l.f.devices[p.DstGID]
-	l.f.mu.RUnlock()
-	if dst == nil {
-		putPacket(p)
-		return
+	defer l.f.mu.RUnlock()
+	for _, p := range ps {
+		if dst := l.f.devices[p.DstGID]; dst != nil {
+			dst.eng.deliver(p)
+		} else {
+			putPacket(p)
+		}
 	}
-	dst.eng.deliver(p)
 }

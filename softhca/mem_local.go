@@ -5,12 +5,9 @@ package softhca
 import (
 	"bufio"
 	"bytes"
-	"cmp"
 	"encoding/binary"
 	"os"
-	"slices"
 	"strconv"
-	"sync"
 
 	"github.com/xrcrun/xrc/internal/unix"
 )
@@ -26,56 +23,14 @@ import (
 // while registered). Command responses go through process_vm_writev on the
 // process itself, which fails cleanly on a bad address.
 type localMemory struct {
-	pid    int
-	mu     sync.Mutex
-	queues []span // guarded by mu; sorted by addr
-}
-
-type span struct {
-	addr uint64
-	b    []byte
+	pid int
+	queueTable
 }
 
 func newLocalMemory() *localMemory { return &localMemory{pid: os.Getpid()} }
 
-func (m *localMemory) addQueue(b []byte) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	s := span{addr: uint64(unix.AddrOf(b)), b: b}
-	i, _ := slices.BinarySearchFunc(m.queues, s.addr, func(x span, a uint64) int { return cmp.Compare(x.addr, a) })
-	m.queues = slices.Insert(m.queues, i, s)
-}
-
-func (m *localMemory) removeQueue(b []byte) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	a := uint64(unix.AddrOf(b))
-	i, ok := slices.BinarySearchFunc(m.queues, a, func(x span, a uint64) int { return cmp.Compare(x.addr, a) })
-	if ok {
-		m.queues = slices.Delete(m.queues, i, i+1)
-	}
-	return ok
-}
-
-func (m *localMemory) queue(addr uint64, n int) ([]byte, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	i, found := slices.BinarySearchFunc(m.queues, addr, func(x span, a uint64) int { return cmp.Compare(x.addr, a) })
-	if !found {
-		i--
-	}
-	if i >= 0 && n >= 0 {
-		s := m.queues[i]
-		if addr >= s.addr && addr-s.addr+uint64(n) <= uint64(len(s.b)) {
-			off := addr - s.addr
-			return s.b[off : off+uint64(n) : off+uint64(n)], nil
-		}
-	}
-	return nil, unix.Errorf(unix.EFAULT, "%d bytes at %#x are not queue memory of the client", n, addr)
-}
-
 func (m *localMemory) region(addr, n uint64, write bool) ([]byte, error) {
-	if err := checkMapped(addr, n, write); err != nil {
+	if err := checkMapped(m.pid, addr, n, write); err != nil {
 		return nil, err
 	}
 	return unix.Bytes(uintptr(addr), int(n)), nil
@@ -85,15 +40,15 @@ func (m *localMemory) read(addr uint64, b []byte) error  { return unix.ProcessVM
 func (m *localMemory) write(addr uint64, b []byte) error { return unix.ProcessVMWrite(m.pid, b, addr) }
 func (m *localMemory) close()                            {}
 
-// checkMapped verifies against /proc/self/maps that [addr, addr+n) is
-// mapped, readable, and writable if write is set, as the kernel's
-// get_user_pages would before pinning it.
-func checkMapped(addr, n uint64, write bool) error {
+// checkMapped verifies against /proc/<pid>/maps that [addr, addr+n) is
+// mapped in process pid, readable, and writable if write is set, as the
+// kernel's get_user_pages would before pinning it.
+func checkMapped(pid int, addr, n uint64, write bool) error {
 	end := addr + n
 	if end < addr {
 		return unix.Errorf(unix.EINVAL, "region at %#x of %d bytes wraps", addr, n)
 	}
-	maps, err := os.ReadFile("/proc/self/maps")
+	maps, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
 	if err != nil {
 		return unix.Errorf(unix.EFAULT, "read memory map: %v", err)
 	}

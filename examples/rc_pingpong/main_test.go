@@ -3,11 +3,110 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
 	"regexp"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/softhca/hcatest"
 	"github.com/xrcrun/xrc/verbs"
 )
+
+// envArgs makes the test binary run rc_pingpong with these arguments
+// (separated by spaces), so that server and client are processes of their
+// own.
+const envArgs = "XRC_PINGPONG_ARGS"
+
+func TestMain(m *testing.M) {
+	hcatest.Main()
+	if a := os.Getenv(envArgs); a != "" {
+		if err := run(context.Background(), strings.Fields(a), os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// summary is what each side prints at the end.
+var summary = []string{
+	`(?m)^\d+ bytes in \d+\.\d\d seconds = \d+\.\d\d Mbit/sec$`,
+	`(?m)^\d+ iters in \d+\.\d\d seconds = \d+\.\d\d usec/iter$`,
+}
+
+// TestDeviceProcesses runs server and client processes attached to device
+// processes that speak RoCEv2 over UDP: one device each, and both on one.
+func TestDeviceProcesses(t *testing.T) {
+	dir := t.TempDir()
+	a, b := hcatest.Start(t, dir), hcatest.Start(t, dir)
+	for _, tc := range []struct {
+		name           string
+		server, client *hcatest.Service
+		args           string
+	}{
+		{"TwoDevices", a, b, "-n 500 -s 4096 -c"},
+		{"TwoDevicesEvents", a, b, "-e -n 200 -s 65536 -m 4096"},
+		{"OneDevice", a, a, "-n 500 -s 8"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port := freePort(t)
+			srv := startPingpong(t, dir, fmt.Sprintf("-d %s -p %d %s", tc.server.Name, port, tc.args))
+			// The server prints its address, then listens.
+			for deadline := time.Now().Add(10 * time.Second); !strings.Contains(srv.Stdout.(*lockedBuffer).String(), "local address"); time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the server does not start")
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+			cli := startPingpong(t, dir, fmt.Sprintf("-d %s -p %d %s 127.0.0.1", tc.client.Name, port, tc.args))
+			for _, c := range []*exec.Cmd{cli, srv} {
+				if err := c.Wait(); err != nil {
+					t.Fatalf("%v: %v\n%s", c.Args, err, c.Stdout)
+				}
+				out := c.Stdout.(*lockedBuffer).String()
+				for _, re := range summary {
+					if !regexp.MustCompile(re).MatchString(out) {
+						t.Fatalf("no line matching %s in\n%s", re, out)
+					}
+				}
+				if strings.Contains(out, "invalid data") {
+					t.Fatal(out)
+				}
+				t.Logf("%s", out)
+			}
+		})
+	}
+}
+
+// startPingpong starts rc_pingpong in a process with the devices of dir.
+func startPingpong(t *testing.T, dir, args string) *exec.Cmd {
+	c := exec.Command(os.Args[0], "-test.run=^$")
+	c.Env = append(os.Environ(), envArgs+"="+args, softhca.RuntimeDirEnv+"="+dir)
+	c.Stdout, c.Stderr = new(lockedBuffer), os.Stderr
+	c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Process.Kill() })
+	return c
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
 
 func TestSelf(t *testing.T) {
 	for _, args := range [][]string{
@@ -47,4 +146,22 @@ func TestDestWire(t *testing.T) {
 	if _, err := parseDest([]byte("0012:abcdef:123456:zz")); err == nil {
 		t.Fatal("bad message parsed")
 	}
+}
+
+// lockedBuffer is a buffer a process writes while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

@@ -9,7 +9,6 @@ package unix
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"syscall"
 	"unsafe"
@@ -20,25 +19,27 @@ import (
 // Errno values used across the project. They are syscall.Errno, so
 // errors.Is(err, syscall.EBUSY) and errors.Is(err, unix.EBUSY) agree.
 const (
-	E2BIG      = unix.E2BIG
-	EACCES     = unix.EACCES
-	EAGAIN     = unix.EAGAIN
-	EBADF      = unix.EBADF
-	EBUSY      = unix.EBUSY
-	EEXIST     = unix.EEXIST
-	EFAULT     = unix.EFAULT
-	EINVAL     = unix.EINVAL
-	EIO        = unix.EIO
-	EMFILE     = unix.EMFILE
-	ENODEV     = unix.ENODEV
-	ENOENT     = unix.ENOENT
-	ENOMEM     = unix.ENOMEM
-	ENOSPC     = unix.ENOSPC
-	ENOSYS     = unix.ENOSYS
-	EOPNOTSUPP = unix.EOPNOTSUPP
-	EPERM      = unix.EPERM
-	EPROTO     = unix.EPROTO
-	ESRCH      = unix.ESRCH
+	E2BIG        = unix.E2BIG
+	EACCES       = unix.EACCES
+	EAGAIN       = unix.EAGAIN
+	EBADF        = unix.EBADF
+	EBUSY        = unix.EBUSY
+	ECONNREFUSED = unix.ECONNREFUSED
+	EEXIST       = unix.EEXIST
+	EFAULT       = unix.EFAULT
+	EINVAL       = unix.EINVAL
+	EIO          = unix.EIO
+	EMFILE       = unix.EMFILE
+	EMSGSIZE     = unix.EMSGSIZE
+	ENODEV       = unix.ENODEV
+	ENOENT       = unix.ENOENT
+	ENOMEM       = unix.ENOMEM
+	ENOSPC       = unix.ENOSPC
+	ENOSYS       = unix.ENOSYS
+	EOPNOTSUPP   = unix.EOPNOTSUPP
+	EPERM        = unix.EPERM
+	EPROTO       = unix.EPROTO
+	ESRCH        = unix.ESRCH
 )
 
 // Errno is a system error number.
@@ -239,97 +240,4 @@ func asErrno(err error) Errno {
 		return e
 	}
 	return EIO
-}
-
-// TuneRoCESocket prepares a UDP socket for RoCEv2: don't-fragment set (so
-// that Linux gives unconnected IPv4 datagrams an identification of 0, which
-// the ICRC covers), and socket buffers of size bytes (forced past the
-// system's maximum where the process may, asked for otherwise).
-func TuneRoCESocket(s int, ipv4 bool, size int) error {
-	var err error
-	if ipv4 {
-		err = unix.SetsockoptInt(s, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
-	} else {
-		err = unix.SetsockoptInt(s, unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO)
-	}
-	if err != nil {
-		return Error(asErrno(err), "set don't-fragment")
-	}
-	for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
-		if unix.SetsockoptInt(s, unix.SOL_SOCKET, o[0], size) != nil {
-			unix.SetsockoptInt(s, unix.SOL_SOCKET, o[1], size)
-		}
-	}
-	return nil
-}
-
-// UDPSocket opens a UDP socket bound to addr, in blocking mode: the
-// software HCA reads it from a goroutine of its own, which then does not
-// depend on the network poller (a process whose goroutines all poll would
-// otherwise see its datagrams only when the runtime polls the network,
-// every 10 ms).
-func UDPSocket(addr netip.AddrPort) (int, error) {
-	family := unix.AF_INET
-	if addr.Addr().Is6() && !addr.Addr().Is4In6() {
-		family = unix.AF_INET6
-	}
-	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
-	if err != nil {
-		return -1, Error(asErrno(err), "socket")
-	}
-	if err := unix.Bind(fd, sockaddr(addr)); err != nil {
-		unix.Close(fd)
-		return -1, Errorf(asErrno(err), "bind %v", addr)
-	}
-	return fd, nil
-}
-
-func sockaddr(ap netip.AddrPort) unix.Sockaddr {
-	a := ap.Addr().Unmap()
-	if a.Is4() {
-		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.As4()}
-	}
-	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}
-}
-
-// SendTo sends a datagram to dst.
-func SendTo(fd int, b []byte, dst netip.AddrPort) error {
-	if err := unix.Sendto(fd, b, 0, sockaddr(dst)); err != nil {
-		return WrapErrno(err)
-	}
-	return nil
-}
-
-// RecvFrom receives a datagram into b, blocking until one comes unless
-// dontWait is set (then it fails with EAGAIN when none is there).
-func RecvFrom(fd int, b []byte, dontWait bool) (int, netip.AddrPort, error) {
-	flags := 0
-	if dontWait {
-		flags = unix.MSG_DONTWAIT
-	}
-	for {
-		n, from, err := unix.Recvfrom(fd, b, flags)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return 0, netip.AddrPort{}, WrapErrno(err)
-		}
-		switch sa := from.(type) {
-		case *unix.SockaddrInet4:
-			return n, netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port)), nil
-		case *unix.SockaddrInet6:
-			return n, netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port)), nil
-		}
-		return n, netip.AddrPort{}, nil // a shutdown socket: no sender
-	}
-}
-
-// ShutdownRead wakes up a goroutine blocked reading fd, which then reads
-// end-of-file.
-func ShutdownRead(fd int) error {
-	if err := unix.Shutdown(fd, unix.SHUT_RD); err != nil {
-		return Error(asErrno(err), "shutdown")
-	}
-	return nil
 }

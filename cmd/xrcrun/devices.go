@@ -1,0 +1,208 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	_ "github.com/xrcrun/xrc/mlx4" // the driver of ConnectX-3 HCAs
+	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/verbs"
+)
+
+// runDevices prints every RDMA device (or the one -d names) as ibv_devinfo
+// does: the device, then each port; -v adds the remaining attributes and the
+// port counters.
+func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("xrcrun devices", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	verbose := fs.Bool("v", false, "print all attributes and the port counters")
+	only := fs.String("d", "", "print only the device called `name`")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	devs, err := verbs.Devices()
+	if len(devs) == 0 {
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, "No IB devices found")
+		return nil
+	}
+	var errs []error
+	found := false
+	for _, info := range devs {
+		if *only != "" && info.Name != *only {
+			continue
+		}
+		found = true
+		if err := printDevice(ctx, stdout, info, *verbose); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", info.Name, err))
+		}
+	}
+	if !found {
+		return fmt.Errorf("devices: no device %q", *only)
+	}
+	return errors.Join(errs...)
+}
+
+func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, verbose bool) error {
+	c, err := verbs.Open(ctx, info.Name, verbs.Config{})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	a, err := c.QueryDevice()
+	if err != nil {
+		return err
+	}
+	transport := "InfiniBand (0)"
+	if info.Driver == "soft" {
+		transport = "software (soft HCA, RoCEv2 on UDP)"
+	}
+	p := func(name string, format string, v ...any) {
+		fmt.Fprintf(w, "\t%s:%s"+format+"\n", append([]any{name, tabs(name, 1)}, v...)...)
+	}
+	fmt.Fprintf(w, "hca_id:\t%s\n", info.Name)
+	p("transport", "%s", transport)
+	p("fw_ver", "%s", a.FwVer)
+	p("node_guid", "%s", guid(a.NodeGUID))
+	p("sys_image_guid", "%s", guid(a.SysImageGUID))
+	p("vendor_id", "0x%04x", a.VendorID)
+	p("vendor_part_id", "%d", a.VendorPartID)
+	p("hw_ver", "0x%X", a.HWVer)
+	p("phys_port_cnt", "%d", a.PhysPortCnt)
+	p("max_qp", "%d", a.MaxQP)
+	p("max_srq", "%d", a.MaxSRQ)
+	p("device_cap_flags", "0x%08x", uint64(a.DeviceCapFlags))
+	for _, n := range a.DeviceCapFlags.Names() {
+		fmt.Fprintf(w, "\t\t\t\t\t%s\n", n)
+	}
+	if verbose {
+		p("max_mr_size", "0x%x", a.MaxMRSize)
+		p("page_size_cap", "0x%x", a.PageSizeCap)
+		p("max_qp_wr", "%d", a.MaxQPWR)
+		p("max_sge", "%d", a.MaxSGE)
+		p("max_sge_rd", "%d", a.MaxSGERd)
+		p("max_cq", "%d", a.MaxCQ)
+		p("max_cqe", "%d", a.MaxCQE)
+		p("max_mr", "%d", a.MaxMR)
+		p("max_pd", "%d", a.MaxPD)
+		p("max_qp_rd_atom", "%d", a.MaxQPRdAtom)
+		p("max_res_rd_atom", "%d", a.MaxResRdAtom)
+		p("max_qp_init_rd_atom", "%d", a.MaxQPInitRdAtom)
+		p("atomic_cap", "%s (%d)", atomicName(a.AtomicCap), a.AtomicCap)
+		p("max_srq_wr", "%d", a.MaxSRQWR)
+		p("max_srq_sge", "%d", a.MaxSRQSGE)
+		p("max_pkeys", "%d", a.MaxPkeys)
+		p("local_ca_ack_delay", "%d", a.LocalCAAckDelay)
+	}
+	for port := uint8(1); port <= a.PhysPortCnt; port++ {
+		pa, err := c.QueryPort(port)
+		if err != nil {
+			return err
+		}
+		q := func(name string, format string, v ...any) {
+			fmt.Fprintf(w, "\t\t\t%s:%s"+format+"\n", append([]any{name, tabs(name, 3)}, v...)...)
+		}
+		fmt.Fprintf(w, "\t\tport:\t%d\n", port)
+		q("state", "%s (%d)", pa.State, pa.State)
+		q("max_mtu", "%s (%d)", pa.MaxMTU, pa.MaxMTU)
+		q("active_mtu", "%s (%d)", pa.ActiveMTU, pa.ActiveMTU)
+		q("sm_lid", "%d", pa.SMLID)
+		q("port_lid", "%d", pa.LID)
+		q("port_lmc", "0x%02x", pa.LMC)
+		q("link_layer", "%s", pa.LinkLayer)
+		if verbose {
+			q("max_msg_sz", "0x%x", pa.MaxMsgSz)
+			q("port_cap_flags", "0x%08x", pa.PortCapFlags)
+			q("max_vl_num", "%d", pa.MaxVLNum)
+			q("bad_pkey_cntr", "0x%x", pa.BadPkeyCntr)
+			q("qkey_viol_cntr", "0x%x", pa.QkeyViolCntr)
+			q("sm_sl", "%d", pa.SMSL)
+			q("pkey_tbl_len", "%d", pa.PkeyTblLen)
+			q("gid_tbl_len", "%d", pa.GIDTblLen)
+			q("subnet_timeout", "%d", pa.SubnetTimeout)
+			q("init_type_reply", "%d", 0)
+			q("active_width", "%d", pa.ActiveWidth)
+			q("active_speed", "%d", pa.ActiveSpeed)
+			q("phys_state", "%d", pa.PhysState)
+		}
+		fmt.Fprintf(w, "\t\t\tGID[%3d]:\t\t%s\n", 0, pa.GID)
+		if verbose {
+			counters, err := portCounters(ctx, info, port)
+			if err != nil {
+				fmt.Fprintf(w, "\t\t\tcounters:\t\tunavailable: %v\n", err)
+				continue
+			}
+			fmt.Fprintf(w, "\t\t\tcounters:\n")
+			for _, ct := range counters {
+				fmt.Fprintf(w, "\t\t\t\t%s:%s%d\n", ct.Name, tabs(ct.Name, 4), ct.Value)
+			}
+		}
+	}
+	fmt.Fprintln(w)
+	return nil
+}
+
+// tabs pads a label indented by indent tabs to the value column, as
+// ibv_devinfo's layout does: tab stops every 8 columns, device values at
+// column 40, port values at 48, counters at 56.
+func tabs(label string, indent int) string {
+	target := map[int]int{1: 40, 3: 48, 4: 56}[indent]
+	col := indent*8 + len(label) + 1
+	n := 1
+	for col = (col/8 + 1) * 8; col < target; col += 8 {
+		n++
+	}
+	return strings.Repeat("\t", n)
+}
+
+func guid(g uint64) string {
+	return fmt.Sprintf("%04x:%04x:%04x:%04x", g>>48, g>>32&0xffff, g>>16&0xffff, g&0xffff)
+}
+
+func atomicName(a verbs.AtomicCap) string {
+	switch a {
+	case verbs.AtomicNone:
+		return "ATOMIC_NONE"
+	case verbs.AtomicHCA:
+		return "ATOMIC_HCA"
+	case verbs.AtomicGlob:
+		return "ATOMIC_GLOB"
+	}
+	return "invalid"
+}
+
+// portCounters reads a port's counters: from the device service for a
+// software HCA, from sysfs for a kernel device.
+func portCounters(ctx context.Context, info verbs.DeviceInfo, port uint8) ([]softhca.Counter, error) {
+	if info.Driver == "soft" {
+		return softhca.QueryCounters(ctx, "", info.Name)
+	}
+	dir := filepath.Join("/sys/class/infiniband", info.Name, "ports", strconv.Itoa(int(port)), "counters")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []softhca.Counter
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue // some counters are not readable by everyone
+		}
+		v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		if err == nil {
+			out = append(out, softhca.Counter{Name: e.Name(), Value: v})
+		}
+	}
+	slices.SortFunc(out, func(a, b softhca.Counter) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}

@@ -1,0 +1,128 @@
+//go:build linux
+
+package unix
+
+import (
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// What a device service and its clients share between processes: memfd
+// memory, eventfds, descriptors passed over unix sockets, and the peer's
+// credentials.
+
+// Memfd creates an anonymous shared-memory file of n bytes (rounded up to
+// pages), close-on-exec, and maps it shared and read-write. The caller owns
+// both the descriptor and the mapping.
+func Memfd(name string, n int) (int, []byte, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return -1, nil, Error(asErrno(err), "memfd_create")
+	}
+	size := roundPage(n)
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return -1, nil, Error(asErrno(err), "ftruncate memfd")
+	}
+	b, err := MmapShared(fd, 0, size)
+	if err != nil {
+		unix.Close(fd)
+		return -1, nil, err
+	}
+	return fd, b[:n], nil
+}
+
+// FileSize returns the size of the file fd refers to.
+func FileSize(fd int) (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, Error(asErrno(err), "fstat")
+	}
+	return st.Size, nil
+}
+
+// Eventfd creates a non-blocking, close-on-exec eventfd.
+func Eventfd() (int, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return -1, Error(asErrno(err), "eventfd")
+	}
+	return fd, nil
+}
+
+// Signal adds one to an eventfd's counter, waking its reader. An eventfd
+// whose counter is full (EAGAIN) has a wake-up pending already.
+func Signal(fd int) error {
+	one := [8]byte{1}
+	_, err := unix.Write(fd, one[:])
+	if err != nil && err != unix.EAGAIN {
+		return Error(asErrno(err), "signal eventfd")
+	}
+	return nil
+}
+
+// Cred is the identity of a unix socket's peer, taken when it connected.
+type Cred struct {
+	PID, UID, GID int
+}
+
+// PeerCred returns the credentials (SO_PEERCRED) of the peer of a
+// connected unix socket.
+func PeerCred(c syscall.Conn) (Cred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return Cred{}, err
+	}
+	var uc *unix.Ucred
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		uc, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return Cred{}, err
+	}
+	if serr != nil {
+		return Cred{}, Error(asErrno(serr), "SO_PEERCRED")
+	}
+	return Cred{PID: int(uc.Pid), UID: int(uc.Uid), GID: int(uc.Gid)}, nil
+}
+
+// Geteuid returns the effective user id.
+func Geteuid() int { return unix.Geteuid() }
+
+// Rights returns the control message that passes fds over a unix socket.
+func Rights(fds ...int) []byte {
+	if len(fds) == 0 {
+		return nil
+	}
+	return unix.UnixRights(fds...)
+}
+
+// ParseRights returns the descriptors a control message passed. The caller
+// owns them, even when it also gets an error.
+func ParseRights(oob []byte) ([]int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, Error(asErrno(err), "parse control message")
+	}
+	var fds []int
+	var errs error
+	for i := range msgs {
+		if msgs[i].Header.Level != unix.SOL_SOCKET || msgs[i].Header.Type != unix.SCM_RIGHTS {
+			continue
+		}
+		f, err := unix.ParseUnixRights(&msgs[i])
+		if err != nil {
+			errs = Error(asErrno(err), "parse SCM_RIGHTS")
+			continue
+		}
+		fds = append(fds, f...)
+	}
+	return fds, errs
+}
+
+// RightsSpace is the control-message room needed to receive n descriptors.
+func RightsSpace(n int) int { return unix.CmsgSpace(n * 4) }
+
+// SchedYield gives the CPU to another runnable thread, if any.
+func SchedYield() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

@@ -1,0 +1,277 @@
+//go:build linux
+
+package softhca
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"github.com/xrcrun/xrc/internal/unix"
+	"github.com/xrcrun/xrc/mlx4"
+	"github.com/xrcrun/xrc/verbs"
+)
+
+// Attach connects this process to the device service called name (see
+// Device.Serve) whose socket is in dir ("" means RuntimeDir()), and returns
+// the kernel side that the mlx4 provider drives. Closing it disconnects,
+// and the device destroys what the connection created.
+func Attach(ctx context.Context, dir, name string) (mlx4.Kernel, error) {
+	k, err := dial(ctx, dir, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := k.hello(); err != nil {
+		k.conn.Close()
+		return nil, fmt.Errorf("softhca: attach to %s: %w", name, err)
+	}
+	return k, nil
+}
+
+// remoteKernel is a client of a device in another process.
+type remoteKernel struct {
+	name string
+	conn *net.UnixConn
+
+	mu     sync.Mutex // one request at a time; guards what follows
+	buf    []byte
+	oob    []byte
+	events map[int32]int // event fds the device passed, by id, until EventFile
+	closed bool
+
+	info  deviceInfo
+	bells *bellProducer
+	ring  []byte // the bell ring's mapping
+}
+
+func dial(ctx context.Context, dir, name string) (*remoteKernel, error) {
+	if dir == "" {
+		dir = RuntimeDir()
+	}
+	path, err := socketPath(dir, name)
+	if err != nil {
+		return nil, err
+	}
+	var dl net.Dialer
+	c, err := dl.DialContext(ctx, "unixpacket", path)
+	if err != nil {
+		return nil, fmt.Errorf("softhca: no device %s in %s (is `xrcrun hca --name %s` running? %s sets the directory): %w",
+			name, dir, name, RuntimeDirEnv, verbs.ErrNoDevice)
+	}
+	return &remoteKernel{name: name, conn: c.(*net.UnixConn), buf: make([]byte, maxMessage),
+		oob: make([]byte, unix.RightsSpace(4)), events: map[int32]int{}}, nil
+}
+
+// call sends a request with fds and returns the body of its reply (valid
+// until the next call) and the descriptors it passed, which the caller owns.
+// Caller holds k.mu.
+func (k *remoteKernel) call(t msgType, req []byte, fds ...int) ([]byte, []int, error) {
+	if k.closed {
+		return nil, nil, unix.Errorf(unix.EIO, "device %s: closed", k.name)
+	}
+	if _, _, err := k.conn.WriteMsgUnix(req, unix.Rights(fds...), nil); err != nil {
+		return nil, nil, unix.Errorf(unix.EIO, "device %s is gone: %v", k.name, err)
+	}
+	n, oobn, _, _, err := k.conn.ReadMsgUnix(k.buf, k.oob)
+	if err == nil && n == 0 {
+		err = errors.New("connection closed")
+	}
+	if err != nil {
+		return nil, nil, unix.Errorf(unix.EIO, "device %s is gone: %v", k.name, err)
+	}
+	got, ferr := unix.ParseRights(k.oob[:oobn])
+	body, err := parseReply(k.buf[:n], t)
+	if err == nil {
+		err = ferr
+	}
+	if err != nil {
+		closeFDs(got)
+		return nil, nil, err
+	}
+	return body, got, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// hello makes the connection a client: the device checks it can reach this
+// process's memory, and passes the bell ring and its eventfd.
+func (k *remoteKernel) hello() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	probe := new([16]byte)
+	rand.Read(probe[:])
+	h := hello{version: protoVersion, probe: uint64(uintptr(unsafe.Pointer(probe))), nonce: *probe}
+	body, fds, err := k.call(msgHello, h.append(nil))
+	runtime.KeepAlive(probe)
+	if err != nil {
+		return err
+	}
+	if k.info, err = parseDeviceInfo(body); err != nil || len(fds) != 2 {
+		closeFDs(fds)
+		return unix.Errorf(unix.EPROTO, "hello reply with %d descriptors: %v", len(fds), err)
+	}
+	defer unix.Close(fds[0])
+	ring, err := unix.MmapShared(fds[0], 0, bellSize)
+	if err != nil {
+		unix.Close(fds[1])
+		return err
+	}
+	k.ring = ring
+	k.bells = &bellProducer{r: newBellRing(ring), kick: fds[1]}
+	return nil
+}
+
+func (k *remoteKernel) Name() string { return k.name }
+
+// Yield gives this thread's CPU away when a poller finds its CQ empty. The
+// device is a process on the same CPUs: a client spinning on its CQ could
+// otherwise keep the device waiting for the CPU until the scheduler's time
+// slice ends, milliseconds later.
+func (k *remoteKernel) Yield() { unix.SchedYield() }
+
+// Write sends a uverbs command; the device writes its response into this
+// process's memory, as the kernel would, before it replies.
+func (k *remoteKernel) Write(cmd []byte) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	req := append(appendRequest(nil, msgCommand), cmd...)
+	body, fds, err := k.call(msgCommand, req)
+	if err != nil {
+		return 0, err
+	}
+	ids, err := parseIDs(body)
+	if err != nil || len(ids) != len(fds) {
+		closeFDs(fds)
+		return 0, unix.Errorf(unix.EPROTO, "command reply with %d ids and %d descriptors: %v", len(ids), len(fds), err)
+	}
+	for i, id := range ids {
+		if old, ok := k.events[id]; ok {
+			unix.Close(old)
+		}
+		k.events[id] = fds[i]
+	}
+	return len(cmd), nil
+}
+
+func (k *remoteKernel) MapUAR() (mlx4.UAR, error) { return remoteUAR{k.bells}, nil }
+
+// AllocQueue makes memfd memory and shares it with the device.
+func (k *remoteKernel) AllocQueue(n int) ([]byte, error) {
+	fd, b, err := unix.Memfd("xrc-queue", n)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	_, fds, err := k.call(msgAddQueue, appendRequest(nil, msgAddQueue, uint64(unix.AddrOf(b)), uint64(cap(b))), fd)
+	closeFDs(fds)
+	if err != nil {
+		unix.Munmap(b)
+		return nil, err
+	}
+	return b, nil
+}
+
+// FreeQueue stops sharing queue memory and unmaps it.
+func (k *remoteKernel) FreeQueue(b []byte) error {
+	k.mu.Lock()
+	_, fds, err := k.call(msgRemoveQueue, appendRequest(nil, msgRemoveQueue, uint64(unix.AddrOf(b))))
+	closeFDs(fds)
+	k.mu.Unlock()
+	return errors.Join(err, unix.Munmap(b))
+}
+
+func (k *remoteKernel) EventFile(id int32, name string) (*os.File, error) {
+	k.mu.Lock()
+	fd, ok := k.events[id]
+	delete(k.events, id)
+	k.mu.Unlock()
+	if !ok {
+		return nil, unix.Errorf(unix.EBADF, "device %s passed no event file %d", k.name, id)
+	}
+	if err := unix.SetNonblock(fd); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), k.name+"-"+name), nil
+}
+
+func (k *remoteKernel) QueryGID(port uint8, index int) (verbs.GID, error) {
+	if port != 1 || index != 0 {
+		return verbs.GID{}, unix.Errorf(unix.EINVAL, "gid %d of port %d", index, port)
+	}
+	return k.info.gid, nil
+}
+
+// Close disconnects; the device destroys what the client left.
+func (k *remoteKernel) Close() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return nil
+	}
+	k.closed = true
+	err := k.conn.Close()
+	for id, fd := range k.events {
+		unix.Close(fd)
+		delete(k.events, id)
+	}
+	if k.bells != nil {
+		unix.Close(k.bells.kick)
+		unix.Munmap(k.ring)
+	}
+	return err
+}
+
+// remoteUAR rings doorbells through the bell ring.
+type remoteUAR struct{ p *bellProducer }
+
+func (u remoteUAR) Write32(off int, v uint32) { u.p.ring(off, uint64(v)) }
+func (u remoteUAR) Write64(off int, v uint64) { u.p.ring(off, v) }
+func (u remoteUAR) Close() error              { return nil }
+
+// QueryCounters returns the counters of the device service called name in
+// dir ("" means RuntimeDir()): the port and error counters, named as sysfs
+// names them, then its object counts (objects_qps, ...).
+func QueryCounters(ctx context.Context, dir, name string) ([]Counter, error) {
+	body, err := ask(ctx, dir, name, msgCounters)
+	if err != nil {
+		return nil, err
+	}
+	return parseCounters(body)
+}
+
+// serviceInfo asks the device service called name for its description.
+func serviceInfo(ctx context.Context, dir, name string) (deviceInfo, error) {
+	body, err := ask(ctx, dir, name, msgInfo)
+	if err != nil {
+		return deviceInfo{}, err
+	}
+	return parseDeviceInfo(body)
+}
+
+// ask sends a request that needs no client (no hello) on a connection of
+// its own and returns the reply's body.
+func ask(ctx context.Context, dir, name string, t msgType) ([]byte, error) {
+	k, err := dial(ctx, dir, name)
+	if err != nil {
+		return nil, err
+	}
+	defer k.conn.Close()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	body, fds, err := k.call(t, appendRequest(nil, t))
+	closeFDs(fds)
+	return body, err
+}

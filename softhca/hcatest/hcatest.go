@@ -1,0 +1,209 @@
+// Package hcatest runs software HCAs in processes of their own for tests:
+// a test binary calls Main from its TestMain, and Start re-executes the
+// binary as a device process that serves a device on a free loopback
+// address until the test ends.
+package hcatest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xrcrun/xrc/mlx4"
+	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/verbs"
+)
+
+// envServe names the device a re-executed test binary serves:
+// name,addr,dir.
+const envServe = "XRC_HCATEST_SERVE"
+
+// EnvDebug, when set in a test's environment, makes device processes log at
+// debug level, with microsecond times, to the test's stderr.
+const EnvDebug = "XRC_HCATEST_DEBUG"
+
+// exitAddrInUse tells Start to try another address.
+const exitAddrInUse = 3
+
+// Main runs the device process role if this process was started as one,
+// and then exits; otherwise it returns. Call it first in TestMain.
+func Main() {
+	spec := os.Getenv(envServe)
+	if spec == "" {
+		return
+	}
+	os.Exit(serve(spec))
+}
+
+func serve(spec string) int {
+	f := strings.Split(spec, ",")
+	if len(f) != 3 {
+		fmt.Fprintf(os.Stderr, "hcatest: bad %s=%q\n", envServe, spec)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	cfg := softhca.Config{Name: f[0], Addr: netip.MustParseAddr(f[1]), UDP: true, SpinIdle: -1}
+	if os.Getenv(EnvDebug) != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug,
+			ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+				if a.Key == slog.TimeKey {
+					a.Value = slog.StringValue(a.Value.Time().Format("15:04:05.000000"))
+				}
+				return a
+			}}))
+	}
+	d, err := softhca.New(ctx, cfg)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return exitAddrInUse
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer d.Close()
+	if err := d.Serve(ctx, f[2]); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+var seq atomic.Uint32
+
+// Service is a device process started by a test.
+type Service struct {
+	Name, Dir string
+	Addr      netip.Addr
+	cmd       *exec.Cmd
+}
+
+// Start runs a device in a process of its own, on a free address of
+// 127.64.0.0/10, serving in dir, and stops it (SIGTERM) when the test
+// ends, checking that it exits cleanly and leaves no socket behind.
+func Start(t testing.TB, dir string) *Service {
+	t.Helper()
+	for range 20 {
+		s := &Service{Name: fmt.Sprintf("softp%d-%d", os.Getpid(), seq.Add(1)), Dir: dir,
+			Addr: netip.AddrFrom4([4]byte{127, 64 + byte(rand.IntN(64)), byte(rand.IntN(256)), byte(1 + rand.IntN(254))})}
+		s.cmd = exec.Command(os.Args[0], "-test.run=^$")
+		s.cmd.Env = append(os.Environ(), envServe+"="+s.Name+","+s.Addr.String()+","+dir)
+		s.cmd.Stderr = os.Stderr
+		s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := s.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- s.cmd.Wait() }()
+		up, err := s.waitUp(exited)
+		if !up && s.cmd.ProcessState != nil && s.cmd.ProcessState.ExitCode() == exitAddrInUse {
+			continue
+		}
+		if !up {
+			t.Fatalf("device process %s: %v", s.Name, err)
+		}
+		t.Cleanup(func() { s.stop(t, exited) })
+		return s
+	}
+	t.Fatal("hcatest: no free loopback address")
+	return nil
+}
+
+// waitUp waits until the device answers on its socket, or its process
+// exits.
+func (s *Service) waitUp(exited chan error) (bool, error) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		select {
+		case err := <-exited:
+			return false, fmt.Errorf("exited: %v", err)
+		case <-time.After(2 * time.Millisecond):
+		}
+		if _, err := softhca.QueryCounters(context.Background(), s.Dir, s.Name); err == nil {
+			return true, nil
+		}
+	}
+	s.cmd.Process.Kill()
+	return false, errors.New("not serving after 30 s")
+}
+
+func (s *Service) stop(t testing.TB, exited chan error) {
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("device process %s: %v", s.Name, err)
+		}
+	case <-time.After(30 * time.Second):
+		s.cmd.Process.Kill()
+		t.Errorf("device process %s did not stop on SIGTERM", s.Name)
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir, s.Name+".sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket of %s left behind: %v", s.Name, err)
+	}
+}
+
+// Counters reads the device's counters and object counts by name.
+func (s *Service) Counters(t testing.TB) map[string]uint64 {
+	t.Helper()
+	cs, err := softhca.QueryCounters(context.Background(), s.Dir, s.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]uint64{}
+	for _, c := range cs {
+		m[c.Name] = c.Value
+	}
+	return m
+}
+
+// Attach opens a context on the device. When the test ends it closes it
+// and checks that the device holds no objects (after a disconnect the
+// device needs a moment to notice).
+func (s *Service) Attach(t testing.TB) *verbs.Context {
+	t.Helper()
+	k, err := softhca.Attach(context.Background(), s.Dir, s.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := mlx4.Open(k)
+	if err != nil {
+		k.Close()
+		t.Fatal(err)
+	}
+	c := verbs.NewContext(s.Name, p, verbs.Config{})
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+		s.WaitClean(t)
+	})
+	return c
+}
+
+// WaitClean waits until the device holds no PD, MR, CQ, SRQ or QP, and
+// fails the test after 10 seconds.
+func (s *Service) WaitClean(t testing.TB) map[string]uint64 {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		m := s.Counters(t)
+		if m["objects_qps"]+m["objects_cqs"]+m["objects_mrs"]+m["objects_pds"]+m["objects_srqs"] == 0 {
+			return m
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s still holds objects: %v", s.Name, m)
+			return m
+		}
+	}
+}

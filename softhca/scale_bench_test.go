@@ -1,0 +1,392 @@
+package softhca_test
+
+import (
+	"fmt"
+	"math/bits"
+	"runtime"
+	"sync/atomic"
+	"testing"
+
+	"github.com/xrcrun/xrc/mlx4"
+	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/verbs"
+)
+
+// Parameters of BenchmarkQPScaling.
+const (
+	scaleWindow  = 64  // messages outstanding over all QPs, at most
+	scaleCQE     = 256 // entries of each side's shared CQ
+	scaleSRQWR   = 256 // receives kept posted on the responder's SRQ
+	scaleMsgSize = 8
+)
+
+// scaleSetup is n connected RC QP pairs between two devices on one fabric.
+// Each side has one PD, one registered buffer, one CQ shared by all its
+// QPs (send and receive), and one SRQ its QPs receive from, so that a QP
+// costs its send queue and no receive queue.
+type scaleSetup struct {
+	n          int
+	devs       [2]*softhca.Device
+	a, b       []*verbs.QP
+	cqA, cqB   *verbs.CQ
+	srqB       *verbs.SRQ
+	mrA, mrB   *verbs.MR
+	heapPerQP  float64 // Go heap bytes per QP (device, provider and verbs objects)
+	queuePerQP float64 // queue buffer bytes per QP, from its capacities
+	mmapPerQP  float64 // queue buffer bytes per QP, as the provider mapped them
+}
+
+// scaleSide is one device's context and the objects its QPs share.
+type scaleSide struct {
+	gid  verbs.GID
+	pd   *verbs.PD
+	cq   *verbs.CQ
+	srq  *verbs.SRQ
+	buf  []byte
+	mr   *verbs.MR
+	qps  []*verbs.QP
+	attr verbs.DeviceAttr
+}
+
+func newScaleSide(b *testing.B, ctx *verbs.Context, n int) *scaleSide {
+	b.Helper()
+	s := &scaleSide{}
+	var err error
+	if s.attr, err = ctx.QueryDevice(); err != nil {
+		b.Fatal(err)
+	}
+	if int(s.attr.MaxQP) < n || int(s.attr.MaxCQE) < scaleCQE || int(s.attr.MaxSRQWR) < scaleSRQWR {
+		b.Fatalf("device limits: max_qp %d, max_cqe %d, max_srq_wr %d; the benchmark needs %d, %d, %d",
+			s.attr.MaxQP, s.attr.MaxCQE, s.attr.MaxSRQWR, n, scaleCQE, scaleSRQWR)
+	}
+	port, err := ctx.QueryPort(1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.gid = port.GID
+	if s.pd, err = ctx.AllocPD(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { scaleCheck(b, s.pd.Close()) })
+	if s.cq, err = ctx.CreateCQ(scaleCQE, nil, 0); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { scaleCheck(b, s.cq.Close()) })
+	if s.srq, err = s.pd.CreateSRQ(verbs.SRQAttr{MaxWR: scaleSRQWR, MaxSGE: 1}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { scaleCheck(b, s.srq.Close()) })
+	if s.buf, err = verbs.Alloc(1 << 16); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { scaleCheck(b, verbs.Free(s.buf)) })
+	if s.mr, err = s.pd.RegMR(s.buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { scaleCheck(b, s.mr.Close()) })
+	return s
+}
+
+func scaleCheck(b *testing.B, err error) {
+	b.Helper()
+	if err != nil {
+		b.Error(err)
+	}
+}
+
+// createQPs creates n RC QPs on the side's shared CQ and SRQ, with small
+// send queues.
+func (s *scaleSide) createQPs(b *testing.B, n int) {
+	b.Helper()
+	s.qps = make([]*verbs.QP, n)
+	b.Cleanup(func() { // before the SRQ, CQ and PD: cleanups run last first
+		for _, qp := range s.qps {
+			if qp != nil {
+				scaleCheck(b, qp.Close())
+			}
+		}
+	})
+	init := &verbs.QPInitAttr{Type: verbs.QPTRC, SendCQ: s.cq, RecvCQ: s.cq, SRQ: s.srq,
+		Cap: verbs.QPCap{MaxSendWR: 4, MaxSendSGE: 1}}
+	for i := range s.qps {
+		qp, err := s.pd.CreateQP(init)
+		if err != nil {
+			b.Fatalf("QP %d of %d: %v", i, n, err)
+		}
+		s.qps[i] = qp
+	}
+}
+
+// scaleHeapAlloc is the live Go heap after a full collection.
+func scaleHeapAlloc() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// scaleKernel is a device's in-process kernel side that counts the queue
+// memory the mlx4 provider maps through it.
+type scaleKernel struct {
+	mlx4.Kernel
+	mapped atomic.Int64 // bytes of AllocQueue not yet freed
+}
+
+func (k *scaleKernel) AllocQueue(n int) ([]byte, error) {
+	b, err := k.Kernel.AllocQueue(n)
+	if err == nil {
+		k.mapped.Add(int64(len(b)))
+	}
+	return b, err
+}
+
+func (k *scaleKernel) FreeQueue(b []byte) error {
+	n := len(b)
+	err := k.Kernel.FreeQueue(b)
+	if err == nil {
+		k.mapped.Add(-int64(n))
+	}
+	return err
+}
+
+// Yield keeps the in-process kernel's Yielder (mlx4.Kernel does not carry
+// it).
+func (k *scaleKernel) Yield() {
+	if y, ok := k.Kernel.(mlx4.Yielder); ok {
+		y.Yield()
+	}
+}
+
+// scaleOpen opens d as Device.Open does, through a scaleKernel.
+func scaleOpen(b *testing.B, d *softhca.Device) (*verbs.Context, *scaleKernel) {
+	b.Helper()
+	k0, err := d.Kernel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	k := &scaleKernel{Kernel: k0}
+	p, err := mlx4.Open(k)
+	if err != nil {
+		k0.Close()
+		b.Fatal(err)
+	}
+	c := verbs.NewContext(d.Name(), p, verbs.Config{})
+	b.Cleanup(func() { scaleCheck(b, c.Close()) })
+	return c, k
+}
+
+// scaleQueueBytes computes the queue memory the mlx4 provider allocates for
+// a QP of capacities c, following its layout (mlx4/qp.go, PD.CreateQP):
+// send WQE slots of 2^shift bytes, where a slot holds c.MaxSendSGE data
+// segments after the control and remote address segments; 2048>>shift+1
+// spare slots beyond c.MaxSendWR; receive slots of roundPow2(MaxRecvSGE)
+// data segments; the buffer in whole pages; and an 8-byte doorbell record
+// when the QP has its own receive queue.
+func scaleQueueBytes(b *testing.B, c verbs.QPCap) int {
+	b.Helper()
+	const segSize, ctrlSize, raddrSize, page = 16, 16, 16, 4096
+	slot := int(c.MaxSendSGE)*segSize + ctrlSize + raddrSize
+	if slot&(slot-1) != 0 {
+		b.Fatalf("send slot of %d bytes from capacities %+v: not the mlx4 layout", slot, c)
+	}
+	shift := bits.TrailingZeros(uint(slot))
+	cnt := int(c.MaxSendWR) + 2048>>shift + 1
+	if cnt&(cnt-1) != 0 {
+		b.Fatalf("%d send slots from capacities %+v: not the mlx4 layout", cnt, c)
+	}
+	n := cnt << shift
+	db := 0
+	if c.MaxRecvWR > 0 {
+		n += int(c.MaxRecvWR) * (1 << bits.Len(uint(max(c.MaxRecvSGE, 1))-1)) * segSize
+		db = 8
+	}
+	return (n+page-1)/page*page + db
+}
+
+// scaleTimeout is the QPs' transport timeout: 4.096 µs × 2^20, about 4 s.
+// The fabric loses nothing, so the timer should never fire; a timeout as
+// long as this keeps a machine that stalls the process for a while (a
+// loaded one) from making the benchmark measure retransmissions.
+const scaleTimeout = 20
+
+// scaleBringUp takes an RC QP from RESET to RTS toward QP qpn on the port
+// of gid: verbstest.BringUp's attributes, with the scaleTimeout.
+func scaleBringUp(b *testing.B, qp *verbs.QP, gid verbs.GID, qpn uint32) {
+	b.Helper()
+	const psn = 0x1234
+	steps := []struct {
+		attr verbs.QPAttr
+		mask verbs.QPAttrMask
+	}{
+		{verbs.QPAttr{State: verbs.QPSInit, Port: 1,
+			AccessFlags: verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic},
+			verbs.QPAttrState | verbs.QPAttrPkeyIndex | verbs.QPAttrPort | verbs.QPAttrAccessFlags},
+		{verbs.QPAttr{State: verbs.QPSRTR, PathMTU: verbs.MTU1024, DestQPN: qpn, RQPSN: psn,
+			MaxDestRdAtomic: 4, MinRNRTimer: 1,
+			AH: verbs.AHAttr{IsGlobal: true, Port: 1, GRH: verbs.GlobalRoute{DGID: gid, HopLimit: 64}}},
+			verbs.QPAttrState | verbs.QPAttrAV | verbs.QPAttrPathMTU | verbs.QPAttrDestQPN | verbs.QPAttrRQPSN |
+				verbs.QPAttrMaxDestRdAtomic | verbs.QPAttrMinRNRTimer},
+		{verbs.QPAttr{State: verbs.QPSRTS, Timeout: scaleTimeout, RetryCnt: 7, RNRRetry: 7,
+			SQPSN: psn, MaxRdAtomic: 4},
+			verbs.QPAttrState | verbs.QPAttrTimeout | verbs.QPAttrRetryCnt | verbs.QPAttrRNRRetry |
+				verbs.QPAttrSQPSN | verbs.QPAttrMaxQPRdAtomic},
+	}
+	for _, st := range steps {
+		if err := qp.Modify(&st.attr, st.mask); err != nil {
+			b.Fatalf("bring QP %#x up: %v", qp.Num(), err)
+		}
+	}
+}
+
+func newScaleSetup(b *testing.B, n int) *scaleSetup {
+	b.Helper()
+	f := softhca.NewFabric()
+	da, db := newDevice(b, f), newDevice(b, f)
+	ca, ka := scaleOpen(b, da)
+	cb, kb := scaleOpen(b, db)
+	sa := newScaleSide(b, ca, n)
+	sb := newScaleSide(b, cb, n)
+
+	heap0, mapped0 := scaleHeapAlloc(), ka.mapped.Load()+kb.mapped.Load()
+	sa.createQPs(b, n)
+	sb.createQPs(b, n)
+	for i := range n {
+		scaleBringUp(b, sa.qps[i], sb.gid, sb.qps[i].Num())
+		scaleBringUp(b, sb.qps[i], sa.gid, sa.qps[i].Num())
+	}
+	heap1, mapped1 := scaleHeapAlloc(), ka.mapped.Load()+kb.mapped.Load()
+
+	for _, d := range []*softhca.Device{da, db} {
+		if o := d.Objects(); o.QPs != n {
+			b.Fatalf("%s holds %d QPs, want %d", d.Name(), o.QPs, n)
+		}
+	}
+	s := &scaleSetup{n: n, devs: [2]*softhca.Device{da, db}, a: sa.qps, b: sb.qps,
+		cqA: sa.cq, cqB: sb.cq, srqB: sb.srq, mrA: sa.mr, mrB: sb.mr,
+		heapPerQP:  float64(int64(heap1)-int64(heap0)) / float64(2*n),
+		queuePerQP: float64(scaleQueueBytes(b, sa.qps[0].Cap())+scaleQueueBytes(b, sb.qps[0].Cap())) / 2,
+		mmapPerQP:  float64(mapped1-mapped0) / float64(2*n),
+	}
+	// Fill the responder's SRQ.
+	for i := range scaleSRQWR {
+		if err := sb.srq.PostRecv(&verbs.RecvWR{WRID: uint64(i), SG: []verbs.SGE{sb.mr.SGE(i*64, 64)}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return s
+}
+
+// BenchmarkQPScaling spreads 8-byte signaled messages round-robin over n
+// connected RC QP pairs between two devices, with at most 64 outstanding
+// over all of them, and reports the cost of a message (ns/op: one message
+// per iteration) and what a QP costs in memory:
+//
+//   - heap-B/QP: Go heap (device, mlx4 provider and verbs objects) per QP,
+//     measured with runtime.ReadMemStats after GC, before and after
+//     creating and connecting the 2n QPs, divided by 2n;
+//   - queue-B/QP: the queue buffer the provider mmaps for a QP (not Go
+//     heap), computed from the QP's capacities (send queue only: the QPs
+//     receive from an SRQ);
+//   - mmap-B/QP: the same measured: the queue memory the provider mapped
+//     (mlx4.Kernel.AllocQueue) while creating the QPs, per QP.
+//
+// The per-message cost should not depend on the number of QPs.
+func BenchmarkQPScaling(b *testing.B) {
+	for _, n := range []int{10, 1000, 10000} {
+		b.Run(fmt.Sprintf("qps=%d", n), func(b *testing.B) {
+			s := newScaleSetup(b, n)
+			b.Run("send", func(b *testing.B) { s.run(b, verbs.WRSend) })
+			b.Run("write", func(b *testing.B) { s.run(b, verbs.WRRDMAWrite) })
+		})
+	}
+}
+
+// run posts one message per iteration on the next QP.
+func (s *scaleSetup) run(b *testing.B, op verbs.WROpcode) {
+	perQP := make([]int, s.n) // outstanding on each QP
+	qpMax := int(s.a[0].Cap().MaxSendWR)
+	wcA := make([]verbs.WorkCompletion, 16)
+	wcB := make([]verbs.WorkCompletion, 16)
+	recv := &verbs.RecvWR{SG: make([]verbs.SGE, 1)}
+	wr := &verbs.SendWR{Opcode: op, Flags: verbs.SendSignaled, SG: []verbs.SGE{s.mrA.SGE(0, scaleMsgSize)}}
+	if op == verbs.WRRDMAWrite {
+		wr.RemoteAddr, wr.RKey = s.mrB.Addr()+32<<10, s.mrB.RKey()
+	}
+	var sent, doneA, doneB int // doneB: receives completed and posted again
+	// Packets sent, and packets sent again or refused for want of a
+	// receive (there should be none), by both devices.
+	counts := func() (pkts, recovery uint64) {
+		for _, d := range s.devs {
+			c := d.Counters()
+			pkts += c.XmitPackets.Load()
+			recovery += c.Retransmits.Load() + c.RNRNaksSent.Load()
+		}
+		return pkts, recovery
+	}
+	pkts0, recovery0 := counts()
+	pollA := func() {
+		k, err := s.cqA.Poll(wcA)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, c := range wcA[:k] {
+			if c.Status != verbs.WCSuccess {
+				b.Fatalf("send completion %+v", c)
+			}
+			perQP[c.WRID]--
+		}
+		doneA += k
+	}
+	pollB := func() {
+		k, err := s.cqB.Poll(wcB)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, c := range wcB[:k] {
+			if c.Status != verbs.WCSuccess || c.ByteLen != scaleMsgSize {
+				b.Fatalf("receive completion %+v", c)
+			}
+			recv.WRID = c.WRID
+			recv.SG[0] = s.mrB.SGE(int(c.WRID)*64, 64)
+			if err := s.srqB.PostRecv(recv); err != nil {
+				b.Fatal(err)
+			}
+		}
+		doneB += k
+	}
+	next := 0
+	for b.Loop() {
+		i := next
+		if next++; next == s.n {
+			next = 0
+		}
+		for sent-doneA >= scaleWindow || perQP[i] >= qpMax || op == verbs.WRSend && sent-doneB >= scaleWindow {
+			pollA()
+			if op == verbs.WRSend {
+				pollB()
+			}
+		}
+		wr.WRID = uint64(i)
+		if err := s.a[i].PostSend(wr); err != nil {
+			b.Fatal(err)
+		}
+		perQP[i]++
+		sent++
+	}
+	for sent > doneA || op == verbs.WRSend && sent > doneB {
+		pollA()
+		if op == verbs.WRSend {
+			pollB()
+		}
+	}
+	pkts, recovery := counts()
+	if recovery > recovery0 {
+		b.Errorf("%d retransmissions and RNR NAKs: the figures include recovery", recovery-recovery0)
+	}
+	b.ReportMetric(float64(pkts-pkts0)/float64(b.N), "pkts/msg")
+	b.ReportMetric(float64(b.N)/float64(s.n), "msgs/QP")
+	b.ReportMetric(s.heapPerQP, "heap-B/QP")
+	b.ReportMetric(s.queuePerQP, "queue-B/QP")
+	b.ReportMetric(s.mmapPerQP, "mmap-B/QP")
+}

@@ -1,0 +1,152 @@
+//go:build linux
+
+package softhca
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/xrcrun/xrc/internal/unix"
+)
+
+// Serve makes the device a service for the processes of this machine: it
+// listens on the unix socket <dir>/<name>.sock (dir "" means RuntimeDir())
+// until ctx is done or the device closes. Each connection is one client, as
+// an open of the uverbs file is: its commands are the uverbs write commands
+// the kernel takes, its queues live in memfd memory both processes map, its
+// doorbells go through a bell ring, and the device moves data to and from
+// its memory with process_vm_readv/writev. Only the device's own user and
+// root may connect (SO_PEERCRED). A client that disconnects or dies has
+// all its objects destroyed.
+//
+// When Serve stops it puts every QP of the device in the error state (the
+// clients see their work flushed and an IBV_EVENT_DEVICE_FATAL), closes the
+// connections and removes the socket. It returns nil when ctx ended it.
+func (d *Device) Serve(ctx context.Context, dir string) error {
+	if dir == "" {
+		dir = RuntimeDir()
+	}
+	path, err := socketPath(dir, d.name)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("softhca: runtime directory: %w", err)
+	}
+	if err := removeStale(path); err != nil {
+		return err
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return fmt.Errorf("softhca: listen: %w", err)
+	}
+	ln.SetUnlinkOnClose(true)
+	kick, kickFD, err := d.startKick()
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	d.log.Info("serving", "socket", path)
+
+	stopped := make(chan struct{})
+	var stopOnce sync.Once
+	stop := func() { stopOnce.Do(func() { close(stopped); ln.Close() }) }
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-d.gone:
+		case <-stopped:
+		}
+		stop()
+	}()
+
+	var (
+		mu       sync.Mutex
+		sessions = map[*session]struct{}{}
+		wg       sync.WaitGroup
+	)
+	var acceptErr error
+	for {
+		conn, err := ln.AcceptUnix()
+		if err != nil {
+			select {
+			case <-stopped:
+			default:
+				acceptErr = fmt.Errorf("softhca: accept: %w", err)
+			}
+			break
+		}
+		s := &session{d: d, conn: conn, kick: kickFD}
+		mu.Lock()
+		sessions[s] = struct{}{}
+		mu.Unlock()
+		wg.Go(func() {
+			s.run()
+			mu.Lock()
+			delete(sessions, s)
+			mu.Unlock()
+		})
+	}
+	stop()
+	d.mu.Lock()
+	if !d.closed {
+		d.fail()
+	}
+	d.mu.Unlock()
+	mu.Lock()
+	for s := range sessions {
+		s.conn.Close()
+	}
+	mu.Unlock()
+	wg.Wait()
+	kick.Close()
+	d.log.Info("stopped serving", "socket", path)
+	return acceptErr
+}
+
+// removeStale removes a socket left behind by a device process that died,
+// and fails if a live device answers on it.
+func removeStale(path string) error {
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	c, err := net.Dial("unixpacket", path)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("softhca: a device is already served at %s", path)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("softhca: %s exists and is not a device socket: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("softhca: remove stale socket: %w", err)
+	}
+	return nil
+}
+
+// startKick creates the eventfd that clients of other processes signal when
+// the engine sleeps, and a goroutine that wakes the engine on it. Closing
+// the returned file, whose descriptor is fd, stops the goroutine.
+func (d *Device) startKick() (*os.File, int, error) {
+	fd, err := unix.Eventfd()
+	if err != nil {
+		return nil, -1, fmt.Errorf("softhca: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), d.name+"-kick")
+	go func() {
+		var b [8]byte
+		for {
+			if _, err := f.Read(b[:]); err != nil {
+				return
+			}
+			d.eng.kick()
+		}
+	}()
+	return f, fd, nil
+}

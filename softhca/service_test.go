@@ -1,0 +1,178 @@
+package softhca_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/softhca/hcatest"
+	"github.com/xrcrun/xrc/verbs"
+	"github.com/xrcrun/xrc/verbs/verbstest"
+)
+
+// The test binary doubles as a device process (hcatest) and as a client
+// process: TestMain runs the role its environment names, so that these
+// tests use real processes.
+const envClient = "XRC_TEST_CLIENT" // name: attach (in XRC_RUNTIME_DIR), make objects, wait to be killed
+
+func TestMain(m *testing.M) {
+	hcatest.Main()
+	if spec := os.Getenv(envClient); spec != "" {
+		os.Exit(clientForTest(spec))
+	}
+	os.Exit(m.Run())
+}
+
+// attach opens a context on a device process; at the end of the test,
+// once the device has freed everything, it checks that the device saw no
+// transport timeout on its lossless link (unless the test is about them).
+func attach(t testing.TB, s *hcatest.Service) *verbs.Context {
+	t.Helper()
+	t.Cleanup(func() {
+		m := s.Counters(t)
+		if n := m["ack_timeouts"]; n > 0 && !strings.Contains(t.Name(), "RetryExceeded") && !strings.Contains(t.Name(), "ResetAndReconnect") {
+			t.Errorf("%s: transport timer fired %d times on a lossless link", s.Name, n)
+		}
+	})
+	return s.Attach(t)
+}
+
+func clientForTest(name string) int {
+	c, err := verbs.Open(context.Background(), name, verbs.Config{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	must := func(err error) {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	pd, err := c.AllocPD()
+	must(err)
+	buf, err := verbs.Alloc(1 << 16)
+	must(err)
+	_, err = pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	must(err)
+	cq, err := c.CreateCQ(64, nil, 0)
+	must(err)
+	srq, err := pd.CreateSRQ(verbs.SRQAttr{MaxWR: 16, MaxSGE: 1})
+	must(err)
+	for range 3 {
+		_, err := pd.CreateQP(&verbs.QPInitAttr{Type: verbs.QPTRC, SendCQ: cq, RecvCQ: cq, SRQ: srq,
+			Cap: verbs.QPCap{MaxSendWR: 16, MaxSendSGE: 1}})
+		must(err)
+	}
+	fmt.Println("ready")
+	select {} // until killed
+}
+
+// TestConformanceOutOfProcess runs the verbs suite against device
+// processes: both contexts on one device, and one on each of two devices
+// that talk RoCEv2 over UDP.
+func TestConformanceOutOfProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two device processes per test")
+	}
+	dir := t.TempDir()
+	t.Run("OneDevice", func(t *testing.T) {
+		verbstest.Run(t, verbstest.Env{Name: "device process", Open: func(t testing.TB) (a, b *verbs.Context) {
+			s := hcatest.Start(t, dir)
+			return attach(t, s), attach(t, s)
+		}})
+	})
+	t.Run("TwoDevices", func(t *testing.T) {
+		verbstest.Run(t, verbstest.Env{Name: "two device processes", Open: func(t testing.TB) (a, b *verbs.Context) {
+			return attach(t, hcatest.Start(t, dir)), attach(t, hcatest.Start(t, dir))
+		}})
+	})
+}
+
+// TestClientKilled kills a client process that holds objects of every
+// kind: the device destroys them all, and another client keeps working.
+func TestClientKilled(t *testing.T) {
+	dir := t.TempDir()
+	s := hcatest.Start(t, dir)
+	env := verbstest.Env{Name: "survivor", Open: func(t testing.TB) (a, b *verbs.Context) { return attach(t, s), attach(t, s) }}
+	pa, pb := verbstest.Connect(t, env, 4096)
+	before := s.Counters(t)
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envClient+"="+s.Name, softhca.RuntimeDirEnv+"="+dir)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 6)
+	if _, err := io.ReadFull(out, line); err != nil || string(line) != "ready\n" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("client: %q, %v", line, err)
+	}
+	during := s.Counters(t)
+	if during["objects_clients"] != before["objects_clients"]+1 || during["objects_qps"] != before["objects_qps"]+3 ||
+		during["objects_srqs"] != before["objects_srqs"]+1 || during["objects_mrs"] != before["objects_mrs"]+1 {
+		t.Fatalf("with the client: %v; before: %v", during, before)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		after := s.Counters(t)
+		same := true
+		for _, k := range []string{"objects_clients", "objects_pds", "objects_mrs", "objects_cqs", "objects_srqs", "objects_qps"} {
+			same = same && after[k] == before[k]
+		}
+		if same {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after SIGKILL: %v; before the client: %v", after, before)
+		}
+	}
+	// The survivors still talk.
+	if err := pb.QP.PostRecv(&verbs.RecvWR{WRID: 1, SG: []verbs.SGE{pb.MR.SGE(0, 64)}}); err != nil {
+		t.Fatal(err)
+	}
+	copy(pa.Buf, "still here")
+	if err := pa.QP.PostSend(&verbs.SendWR{WRID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, SG: []verbs.SGE{pa.MR.SGE(0, 10)}}); err != nil {
+		t.Fatal(err)
+	}
+	waitWC(t, pa.CQ, 2)
+	waitWC(t, pb.CQ, 1)
+	if string(pb.Buf[:10]) != "still here" {
+		t.Fatalf("received %q", pb.Buf[:10])
+	}
+}
+
+// waitWC waits for a successful completion of wrid.
+func waitWC(t *testing.T, cq *verbs.CQ, wrid uint64) {
+	t.Helper()
+	wc := make([]verbs.WorkCompletion, 1)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Microsecond) {
+		n, err := cq.Poll(wc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			if wc[0].Status != verbs.WCSuccess || wc[0].WRID != wrid {
+				t.Fatalf("completion %+v, want wr %d", wc[0], wrid)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no completion of wr %d", wrid)
+		}
+	}
+}

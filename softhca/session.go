@@ -1,0 +1,277 @@
+//go:build linux
+
+package softhca
+
+import (
+	"net"
+	"syscall"
+
+	"github.com/xrcrun/xrc/internal/unix"
+)
+
+// session serves one connection of a device service: one client in
+// another process. Its goroutine owns everything here.
+type session struct {
+	d    *Device
+	conn *net.UnixConn
+	kick int // the device's eventfd, passed to the client
+
+	cred  unix.Cred
+	c     *Client // nil until hello
+	mem   *remoteMemory
+	bells *bellSource
+	ring  []byte // the device's mapping of the bell ring
+}
+
+// answer is what a request gets: the reply, the descriptors passed with
+// it, and those of them the device closes once they are passed.
+type answer struct {
+	reply []byte
+	pass  []int
+	close []int // the device's descriptors to close once passed
+}
+
+// run answers requests until the client disconnects or the service stops,
+// then destroys what the client left.
+func (s *session) run() {
+	defer s.close()
+	var err error
+	if s.cred, err = unix.PeerCred(s.conn); err != nil {
+		s.d.log.Warn("client credentials", "err", err)
+		return
+	}
+	buf := make([]byte, maxMessage)
+	oob := make([]byte, unix.RightsSpace(4))
+	var reply []byte
+	for {
+		n, oobn, flags, _, err := s.conn.ReadMsgUnix(buf, oob)
+		if err != nil || n == 0 && oobn == 0 {
+			return // the client is gone (or the service stops)
+		}
+		fds, ferr := unix.ParseRights(oob[:oobn])
+		var a answer
+		var t msgType
+		switch {
+		case flags&(syscall.MSG_TRUNC|syscall.MSG_CTRUNC) != 0:
+			err = unix.Errorf(unix.EMSGSIZE, "message larger than %d bytes or with too many descriptors", maxMessage)
+		case ferr != nil:
+			err = ferr
+		default:
+			var body []byte
+			if t, body, err = splitRequest(buf[:n]); err == nil {
+				a, err = s.handle(t, body, fds, reply[:0])
+				fds = nil // handle took them
+			}
+		}
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		if err != nil {
+			s.d.counters.BadMessages.Add(1)
+			if s.d.debug {
+				s.d.log.Debug("service request failed", "pid", s.cred.PID, "request", t, "err", err)
+			}
+			a = answer{reply: appendReply(reply[:0], t, err)}
+		}
+		reply = a.reply
+		_, _, werr := s.conn.WriteMsgUnix(a.reply, unix.Rights(a.pass...), nil)
+		for _, fd := range a.close {
+			unix.Close(fd)
+		}
+		if werr != nil {
+			return
+		}
+	}
+}
+
+// handle runs one request, taking ownership of fds.
+func (s *session) handle(t msgType, body []byte, fds []int, reply []byte) (answer, error) {
+	closeAll := func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+	if t != msgAddQueue && len(fds) > 0 {
+		closeAll()
+		return answer{}, unix.Errorf(unix.EINVAL, "%v passes %d descriptors", t, len(fds))
+	}
+	if s.cred.UID != unix.Geteuid() && s.cred.UID != 0 {
+		closeAll()
+		return answer{}, unix.Errorf(unix.EACCES, "user %d may not use device %s, which runs as user %d", s.cred.UID, s.d.name, unix.Geteuid())
+	}
+	switch t {
+	case msgInfo:
+		return answer{reply: s.d.info().append(appendReply(reply, t, nil))}, nil
+	case msgCounters:
+		names, values := s.d.counterValues()
+		return answer{reply: appendCounters(appendReply(reply, t, nil), names, values)}, nil
+	case msgHello:
+		ringFD, err := s.hello(body)
+		if err != nil {
+			return answer{}, err
+		}
+		// Once mapped, the ring needs no descriptor in the device; the
+		// eventfd stays the device's.
+		return answer{reply: s.d.info().append(appendReply(reply, t, nil)),
+			pass: []int{ringFD, s.kick}, close: []int{ringFD}}, nil
+	}
+	if s.c == nil {
+		closeAll()
+		return answer{}, unix.Errorf(unix.EPROTO, "%v before hello", t)
+	}
+	switch t {
+	case msgCommand:
+		_, err := s.c.Write(body)
+		out := s.c.takeHandedOut()
+		if err != nil {
+			for _, fd := range out {
+				unix.Close(fd)
+			}
+			// A failed command is the client's business, not a bad
+			// message: it gets the errno as from write(2).
+			return answer{reply: appendReply(reply, t, err)}, nil
+		}
+		ids := make([]int32, len(out))
+		for i, fd := range out {
+			ids[i] = int32(fd)
+		}
+		return answer{reply: appendIDs(appendReply(reply, t, nil), ids), pass: out, close: out}, nil
+	case msgAddQueue:
+		return s.addQueue(t, body, fds, reply)
+	case msgRemoveQueue:
+		return s.removeQueue(t, body, reply)
+	}
+	return answer{}, unix.Errorf(unix.EINVAL, "unknown request %v", t)
+}
+
+// hello makes the connection a client of the device. It returns the
+// descriptor of the bell ring's memory, for the client.
+func (s *session) hello(body []byte) (int, error) {
+	if s.c != nil {
+		return -1, unix.Error(unix.EPROTO, "second hello")
+	}
+	h, err := parseHello(body)
+	if err != nil {
+		return -1, unix.Errorf(unix.EINVAL, "%v", err)
+	}
+	if h.version != protoVersion {
+		return -1, unix.Errorf(unix.EPROTO, "client speaks version %d of the device protocol, the device %d", h.version, protoVersion)
+	}
+	mem := &remoteMemory{pid: s.cred.PID}
+	if err := mem.probe(h.probe, h.nonce[:]); err != nil {
+		return -1, err
+	}
+	fd, ring, err := unix.Memfd("xrc-bells", bellSize)
+	if err != nil {
+		return -1, err
+	}
+	c, err := s.d.connect(mem)
+	if err != nil {
+		unix.Close(fd)
+		unix.Munmap(ring)
+		return -1, unix.Errorf(unix.ENODEV, "%v", err)
+	}
+	s.c, s.mem, s.ring = c, mem, ring
+	s.bells = &bellSource{c: c, r: newBellRing(ring)}
+	s.d.eng.addRing(s.bells)
+	s.d.log.Debug("client connected", "pid", s.cred.PID, "uid", s.cred.UID)
+	return fd, nil
+}
+
+// addQueue maps queue memory the client passes.
+func (s *session) addQueue(t msgType, body []byte, fds []int, reply []byte) (answer, error) {
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	w, err := parseWords(t, body, 2)
+	if err != nil {
+		return answer{}, unix.Errorf(unix.EINVAL, "%v", err)
+	}
+	addr, n := w[0], w[1]
+	if len(fds) != 1 {
+		return answer{}, unix.Errorf(unix.EINVAL, "addQueue passes %d descriptors, not 1", len(fds))
+	}
+	page := uint64(unix.PageSize)
+	if addr%page != 0 || n == 0 || n%page != 0 || n > 1<<30 {
+		return answer{}, unix.Errorf(unix.EINVAL, "queue memory of %d bytes at %#x", n, addr)
+	}
+	if size, err := unix.FileSize(fds[0]); err != nil || uint64(size) < n {
+		return answer{}, unix.Errorf(unix.EINVAL, "queue file of %d bytes for %d (%v)", size, n, err)
+	}
+	b, err := unix.MmapShared(fds[0], 0, int(n))
+	if err != nil {
+		return answer{}, err
+	}
+	if !s.mem.addQueue(addr, b) {
+		unix.Munmap(b)
+		return answer{}, unix.Errorf(unix.EINVAL, "queue memory at %#x overlaps queue memory", addr)
+	}
+	return answer{reply: appendReply(reply, t, nil)}, nil
+}
+
+// removeQueue unmaps queue memory, unless a live object still uses it.
+func (s *session) removeQueue(t msgType, body []byte, reply []byte) (answer, error) {
+	w, err := parseWords(t, body, 1)
+	if err != nil {
+		return answer{}, unix.Errorf(unix.EINVAL, "%v", err)
+	}
+	d := s.d
+	d.mu.Lock()
+	sp, ok := s.mem.removeQueue(w[0])
+	busy := ok && s.c.usesQueue(sp.b)
+	if busy {
+		s.mem.addQueue(sp.addr, sp.b)
+	}
+	d.mu.Unlock()
+	switch {
+	case !ok:
+		return answer{}, unix.Errorf(unix.EINVAL, "no queue memory at %#x", w[0])
+	case busy:
+		return answer{reply: appendReply(reply, t, unix.Errorf(unix.EBUSY, "queue memory at %#x is in use", w[0]))}, nil
+	}
+	unix.Munmap(sp.b)
+	return answer{reply: appendReply(reply, t, nil)}, nil
+}
+
+// close destroys the client's objects and releases the session.
+func (s *session) close() {
+	if s.bells != nil {
+		s.d.eng.removeRing(s.bells)
+	}
+	if s.c != nil {
+		if err := s.c.Close(); err != nil {
+			s.d.log.Warn("client cleanup", "pid", s.cred.PID, "err", err)
+		}
+		s.d.log.Debug("client disconnected", "pid", s.cred.PID)
+	}
+	if s.ring != nil {
+		unix.Munmap(s.ring)
+	}
+	s.conn.Close()
+}
+
+// info describes the device to clients.
+func (d *Device) info() *deviceInfo {
+	return &deviceInfo{guid: d.guid, gid: d.gid, mtu: uint32(d.mtu), name: d.name}
+}
+
+// counterValues lists the counters and the object counts.
+func (d *Device) counterValues() ([]string, []uint64) {
+	var names []string
+	var values []uint64
+	d.counters.Each(func(name, _ string, v uint64) {
+		names = append(names, name)
+		values = append(values, v)
+	})
+	o := d.Objects()
+	for _, x := range []struct {
+		n string
+		v int
+	}{{"clients", o.Clients}, {"pds", o.PDs}, {"mrs", o.MRs}, {"cqs", o.CQs}, {"srqs", o.SRQs}, {"qps", o.QPs}} {
+		names = append(names, "objects_"+x.n)
+		values = append(values, uint64(x.v))
+	}
+	return names, values
+}
