@@ -57,3 +57,11 @@ type UAR interface {
 	// Close unmaps the page.
 	Close() error
 }
+
+// RegionSharer is implemented by a Kernel whose device runs in another
+// process and can map memory that this process shares with it. RegMR calls
+// ShareRegion before it registers [addr, addr+n); a region the kernel
+// cannot share is registered all the same, and reached another way.
+type RegionSharer interface {
+	ShareRegion(addr uintptr, n uint64) error
+}

@@ -41,6 +41,11 @@ type MR struct {
 // RegMR issues REG_MR for [addr, addr+length), with the same I/O virtual
 // address.
 func (pd *PD) RegMR(addr uintptr, length uint64, access verbs.Access) (verbs.ProviderMR, error) {
+	if s, ok := pd.ctx.k.(RegionSharer); ok {
+		if err := s.ShareRegion(addr, length); err != nil {
+			return nil, err
+		}
+	}
 	req := uverbs.Cmd[uverbs.RegMR]{Core: uverbs.RegMR{
 		Start: uint64(addr), Length: length, HCAVA: uint64(addr),
 		PDHandle: pd.handle, AccessFlags: uint32(access),

@@ -165,6 +165,22 @@ func (k *remoteKernel) Write(cmd []byte) (int, error) {
 
 func (k *remoteKernel) MapUAR() (mlx4.UAR, error) { return remoteUAR{k.bells}, nil }
 
+// ShareRegion passes the device the memfd of the verbs.Alloc memory that
+// holds [addr, addr+n), so that it reaches the region being registered
+// there with plain copies instead of process_vm_readv/writev. Other memory
+// is not shared.
+func (k *remoteKernel) ShareRegion(addr uintptr, n uint64) error {
+	fd, base, size, ok := verbs.AllocFile(addr, n)
+	if !ok {
+		return nil
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	_, fds, err := k.call(msgAddRegion, appendRequest(nil, msgAddRegion, uint64(base), uint64(size)), fd)
+	closeFDs(fds)
+	return err
+}
+
 // AllocQueue makes memfd memory and shares it with the device.
 func (k *remoteKernel) AllocQueue(n int) ([]byte, error) {
 	fd, b, err := unix.Memfd("xrc-queue", n)

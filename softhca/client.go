@@ -37,6 +37,10 @@ type memory interface {
 	// writable when write is set) and returns a direct view of it when the
 	// device can access it directly, or nil.
 	region(addr, n uint64, write bool) ([]byte, error)
+	// hold and release count the memory regions that use a view region
+	// returned, so that memory the device mapped for it stays mapped.
+	hold(view []byte)
+	release(view []byte)
 	// read and write copy between the client's memory and b.
 	read(addr uint64, b []byte) error
 	write(addr uint64, b []byte) error

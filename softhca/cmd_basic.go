@@ -185,6 +185,7 @@ func (d *Device) cmdRegMR(r *request) ([]byte, error) {
 		length: req.Length, access: req.AccessFlags, view: view}
 	d.mrs[idx] = m
 	p.usecnt++
+	r.c.mem.hold(view)
 	core = uverbs.RegMRResp{MRHandle: r.c.addObject(m), Lkey: m.key, Rkey: m.key}
 	return response[uverbs.RegMRResp, noDriver](r, &core, nil)
 }
@@ -220,6 +221,7 @@ func (d *Device) cmdDeregMR(r *request) ([]byte, error) {
 func (d *Device) destroyMR(m *mr) {
 	delete(d.mrs, m.key>>8)
 	m.pd.usecnt--
+	m.client.mem.release(m.view)
 	m.view = nil
 	m.dead = true
 }

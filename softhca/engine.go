@@ -395,7 +395,9 @@ func (h *timerHeap) Pop() any {
 	return q
 }
 
-// The packet pool: packets carry up to 4096 bytes of payload. Unlike a
+// The packet pool: packets carry up to 4096 bytes of payload in their
+// Storage; a received packet's Payload may instead point into the datagram
+// it came in, valid until the round that processes it ends. Unlike a
 // sync.Pool it survives garbage collections, so a steady stream of traffic
 // allocates nothing; it keeps at most poolMax packets.
 var packets struct {
@@ -415,10 +417,11 @@ func getPacket() *roce.Packet {
 	}
 	packets.mu.Unlock()
 	if p == nil {
-		return &roce.Packet{Payload: make([]byte, 0, 4096)}
+		buf := make([]byte, 0, 4096)
+		return &roce.Packet{Payload: buf, Storage: buf}
 	}
-	buf := p.Payload[:0]
-	*p = roce.Packet{Payload: buf}
+	buf := p.Storage[:0]
+	*p = roce.Packet{Payload: buf, Storage: buf}
 	return p
 }
 

@@ -51,4 +51,6 @@ func (m *fakeMemory) write(addr uint64, b []byte) error {
 	return nil
 }
 
-func (m *fakeMemory) close() {}
+func (m *fakeMemory) close()         {}
+func (m *fakeMemory) hold([]byte)    {}
+func (m *fakeMemory) release([]byte) {}

@@ -106,8 +106,9 @@ func (fl *faulter) release(out []*roce.Packet) []*roce.Packet {
 
 func clonePacket(p *roce.Packet) *roce.Packet {
 	q := getPacket()
-	payload := append(q.Payload[:0], p.Payload...)
+	payload := append(q.Storage[:0], p.Payload...)
+	storage := q.Storage
 	*q = *p
-	q.Payload = payload
+	q.Payload, q.Storage = payload, storage
 	return q
 }

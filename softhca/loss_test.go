@@ -173,3 +173,42 @@ func TestLossyLink(t *testing.T) {
 		t.Fatal("no retransmissions counted under 10% loss")
 	}
 }
+
+// TestTotalLoss: on a link that loses every packet, a send fails with
+// RETRY_EXC_ERR after the QP's retry count: the transport timer fires once
+// for the first try and once per retry.
+func TestTotalLoss(t *testing.T) {
+	env, devs := lossyEnv(softhca.Faults{Loss: 1, Seed: 3})
+	const retries = 3
+	pa, _ := verbstest.ConnectWith(t, env, 4096, verbstest.Options{Timeout: 8, RetryCnt: retries}) // 1 ms
+	if err := pa.QP.PostSend(&verbs.SendWR{WRID: 5, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+		SG: []verbs.SGE{pa.MR.SGE(0, 100)}}); err != nil {
+		t.Fatal(err)
+	}
+	wc := make([]verbs.WorkCompletion, 1)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+		n, err := pa.CQ.Poll(wc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no completion after 30 s")
+		}
+	}
+	if wc[0].Status != verbs.WCRetryExcErr || wc[0].WRID != 5 {
+		t.Fatalf("completion %+v, want RETRY_EXC_ERR", wc[0])
+	}
+	c := devs[0].Counters()
+	if got := c.AckTimeouts.Load(); got != retries+1 {
+		t.Errorf("transport timer fired %d times, want %d", got, retries+1)
+	}
+	if got := c.LocalAckTimeoutErr.Load(); got != 1 {
+		t.Errorf("local_ack_timeout_err %d, want 1", got)
+	}
+	if c.Retransmits.Load() < retries || c.FaultDrops.Load() < retries+1 {
+		t.Errorf("retransmitted %d, dropped %d", c.Retransmits.Load(), c.FaultDrops.Load())
+	}
+}

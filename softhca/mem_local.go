@@ -39,6 +39,8 @@ func (m *localMemory) region(addr, n uint64, write bool) ([]byte, error) {
 func (m *localMemory) read(addr uint64, b []byte) error  { return unix.ProcessVMRead(m.pid, b, addr) }
 func (m *localMemory) write(addr uint64, b []byte) error { return unix.ProcessVMWrite(m.pid, b, addr) }
 func (m *localMemory) close()                            {}
+func (m *localMemory) hold([]byte)                       {}
+func (m *localMemory) release([]byte)                    {}
 
 // checkMapped verifies against /proc/<pid>/maps that [addr, addr+n) is
 // mapped in process pid, readable, and writable if write is set, as the

@@ -5,6 +5,7 @@ package softhca
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/xrcrun/xrc/internal/unix"
 )
@@ -14,33 +15,139 @@ import (
 // Queue memory is memfd shared memory that the client maps and passes to
 // the device, which maps it too (the queueTable holds the device's
 // mappings, by the client's addresses). Memory regions stay in the client's
-// address space: registration checks them against /proc/<pid>/maps, and DMA
-// copies with process_vm_readv/writev, which fail cleanly if the memory or
-// the process went away.
+// address space: registration checks them against /proc/<pid>/maps. The
+// device reaches a region with plain copies when the client shared the
+// memfd memory it lies in (addRegion: verbs.Alloc's memory), and with
+// process_vm_readv/writev otherwise; both fail cleanly if the memory or the
+// process went away.
 type remoteMemory struct {
 	pid int
 	queueTable
-	retired [][]byte // mappings removed while still in use, unmapped on close
+
+	// Guarded by queueTable.mu.
+	shared  []*sharedRegion // sorted by addr, not overlapping
+	retired [][]byte        // mappings replaced while regions used them, unmapped on close
+}
+
+// sharedRegion is memfd memory of the client that the device maps too.
+type sharedRegion struct {
+	addr uint64 // in the client
+	b    []byte // the device's mapping
+	ino  uint64 // the memfd's inode, which tells a new allocation at addr from the old
+	refs int    // memory regions using it
 }
 
 func (m *remoteMemory) region(addr, n uint64, write bool) ([]byte, error) {
-	return nil, checkMapped(m.pid, addr, n, write)
+	if err := checkMapped(m.pid, addr, n, write); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s := m.sharedAt(addr, n); s != nil {
+		off := addr - s.addr
+		return s.b[off : off+n : off+n], nil
+	}
+	return nil, nil
+}
+
+// sharedAt finds the shared region that holds [addr, addr+n). Caller holds
+// m.mu.
+func (m *remoteMemory) sharedAt(addr, n uint64) *sharedRegion {
+	for _, s := range m.shared {
+		if addr >= s.addr && addr-s.addr+n <= uint64(len(s.b)) {
+			return s
+		}
+	}
+	return nil
+}
+
+// holder finds the shared region a view returned by region lies in.
+// Caller holds m.mu.
+func (m *remoteMemory) holder(view []byte) *sharedRegion {
+	a := unix.AddrOf(view)
+	for _, s := range m.shared {
+		if a >= unix.AddrOf(s.b) && a < unix.AddrOf(s.b)+uintptr(len(s.b)) {
+			return s
+		}
+	}
+	return nil
+}
+
+func (m *remoteMemory) hold(view []byte) {
+	if view == nil {
+		return
+	}
+	m.mu.Lock()
+	if s := m.holder(view); s != nil {
+		s.refs++
+	}
+	m.mu.Unlock()
+}
+
+func (m *remoteMemory) release(view []byte) {
+	if view == nil {
+		return
+	}
+	m.mu.Lock()
+	if s := m.holder(view); s != nil {
+		s.refs--
+	}
+	m.mu.Unlock()
+}
+
+// addShared maps memory the client shares at addr. Shared memory no region
+// uses any more, and memory the new one replaces (the client freed it and
+// allocated again at the same address), is unmapped; mappings still in use
+// stay mapped, unreachable for new regions, until the client disconnects.
+// It takes b.
+func (m *remoteMemory) addShared(addr uint64, b []byte, ino uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	end := addr + uint64(len(b))
+	if s := m.sharedAt(addr, uint64(len(b))); s != nil && s.addr == addr && len(s.b) == len(b) && s.ino == ino {
+		unix.Munmap(b) // the same memory again
+		return
+	}
+	m.shared = slices.DeleteFunc(m.shared, func(s *sharedRegion) bool {
+		overlaps := s.addr < end && addr < s.addr+uint64(len(s.b))
+		switch {
+		case s.refs == 0:
+			unix.Munmap(s.b)
+			return true
+		case overlaps:
+			m.retired = append(m.retired, s.b)
+			return true
+		}
+		return false
+	})
+	i, _ := slices.BinarySearchFunc(m.shared, addr, func(s *sharedRegion, a uint64) int {
+		switch {
+		case s.addr < a:
+			return -1
+		case s.addr > a:
+			return 1
+		}
+		return 0
+	})
+	m.shared = slices.Insert(m.shared, i, &sharedRegion{addr: addr, b: b, ino: ino})
 }
 
 func (m *remoteMemory) read(addr uint64, b []byte) error  { return unix.ProcessVMRead(m.pid, b, addr) }
 func (m *remoteMemory) write(addr uint64, b []byte) error { return unix.ProcessVMWrite(m.pid, b, addr) }
 
-// close unmaps every queue mapping. The client's objects are destroyed by
-// then.
+// close unmaps every mapping. The client's objects are destroyed by then.
 func (m *remoteMemory) close() {
 	for _, s := range m.takeAll() {
 		unix.Munmap(s.b)
 	}
 	m.mu.Lock()
+	for _, s := range m.shared {
+		unix.Munmap(s.b)
+	}
 	for _, b := range m.retired {
 		unix.Munmap(b)
 	}
-	m.retired = nil
+	m.shared, m.retired = nil, nil
 	m.mu.Unlock()
 }
 

@@ -27,6 +27,8 @@ import (
 //	             which the client maps at addr
 //	removeQueue  addr u64
 //	counters     -> repeated { name_len u8, name, value u64 }
+//	addRegion    addr u64, len u64; fd: the memfd of memory the client maps
+//	             at addr and registers memory regions in (verbs.Alloc's)
 //
 // On failure a reply carries the errno and, as its body, a message.
 //
@@ -44,10 +46,11 @@ const (
 	msgAddQueue
 	msgRemoveQueue
 	msgCounters
+	msgAddRegion
 )
 
 func (t msgType) String() string {
-	names := [...]string{"hello", "info", "command", "addQueue", "removeQueue", "counters"}
+	names := [...]string{"hello", "info", "command", "addQueue", "removeQueue", "counters", "addRegion"}
 	if t >= msgHello && int(t-msgHello) < len(names) {
 		return names[t-msgHello]
 	}

@@ -91,7 +91,7 @@ func (s *session) handle(t msgType, body []byte, fds []int, reply []byte) (answe
 			unix.Close(fd)
 		}
 	}
-	if t != msgAddQueue && len(fds) > 0 {
+	if t != msgAddQueue && t != msgAddRegion && len(fds) > 0 {
 		closeAll()
 		return answer{}, unix.Errorf(unix.EINVAL, "%v passes %d descriptors", t, len(fds))
 	}
@@ -138,6 +138,8 @@ func (s *session) handle(t msgType, body []byte, fds []int, reply []byte) (answe
 		return answer{reply: appendIDs(appendReply(reply, t, nil), ids), pass: out, close: out}, nil
 	case msgAddQueue:
 		return s.addQueue(t, body, fds, reply)
+	case msgAddRegion:
+		return s.addRegion(t, body, fds, reply)
 	case msgRemoveQueue:
 		return s.removeQueue(t, body, reply)
 	}
@@ -178,8 +180,9 @@ func (s *session) hello(body []byte) (int, error) {
 	return fd, nil
 }
 
-// addQueue maps queue memory the client passes.
-func (s *session) addQueue(t msgType, body []byte, fds []int, reply []byte) (answer, error) {
+// mapPassed maps the memfd memory a request (addr u64, len u64, one fd)
+// passes, which the client maps at addr. It closes the descriptors.
+func mapPassed(t msgType, body []byte, fds []int) (addr uint64, b []byte, ino uint64, err error) {
 	defer func() {
 		for _, fd := range fds {
 			unix.Close(fd)
@@ -187,22 +190,33 @@ func (s *session) addQueue(t msgType, body []byte, fds []int, reply []byte) (ans
 	}()
 	w, err := parseWords(t, body, 2)
 	if err != nil {
-		return answer{}, unix.Errorf(unix.EINVAL, "%v", err)
+		return 0, nil, 0, unix.Errorf(unix.EINVAL, "%v", err)
 	}
 	addr, n := w[0], w[1]
 	if len(fds) != 1 {
-		return answer{}, unix.Errorf(unix.EINVAL, "addQueue passes %d descriptors, not 1", len(fds))
+		return 0, nil, 0, unix.Errorf(unix.EINVAL, "%v passes %d descriptors, not 1", t, len(fds))
 	}
 	page := uint64(unix.PageSize)
-	if addr%page != 0 || n == 0 || n%page != 0 || n > 1<<30 {
-		return answer{}, unix.Errorf(unix.EINVAL, "queue memory of %d bytes at %#x", n, addr)
+	if addr%page != 0 || n == 0 || n%page != 0 || n > maxMRSize {
+		return 0, nil, 0, unix.Errorf(unix.EINVAL, "%v of %d bytes at %#x", t, n, addr)
 	}
-	if size, err := unix.FileSize(fds[0]); err != nil || uint64(size) < n {
-		return answer{}, unix.Errorf(unix.EINVAL, "queue file of %d bytes for %d (%v)", size, n, err)
+	size, ino, err := unix.FileStat(fds[0])
+	if err != nil || uint64(size) < n {
+		return 0, nil, 0, unix.Errorf(unix.EINVAL, "%v: file of %d bytes for %d (%v)", t, size, n, err)
 	}
-	b, err := unix.MmapShared(fds[0], 0, int(n))
+	b, err = unix.MmapShared(fds[0], 0, int(n))
+	return addr, b, ino, err
+}
+
+// addQueue maps queue memory the client passes.
+func (s *session) addQueue(t msgType, body []byte, fds []int, reply []byte) (answer, error) {
+	addr, b, _, err := mapPassed(t, body, fds)
 	if err != nil {
 		return answer{}, err
+	}
+	if len(b) > maxQueueBytes {
+		unix.Munmap(b)
+		return answer{}, unix.Errorf(unix.EINVAL, "queue memory of %d bytes", len(b))
 	}
 	if !s.mem.addQueue(addr, b) {
 		unix.Munmap(b)
@@ -210,6 +224,19 @@ func (s *session) addQueue(t msgType, body []byte, fds []int, reply []byte) (ans
 	}
 	return answer{reply: appendReply(reply, t, nil)}, nil
 }
+
+// addRegion maps memory the client shares for its memory regions.
+func (s *session) addRegion(t msgType, body []byte, fds []int, reply []byte) (answer, error) {
+	addr, b, ino, err := mapPassed(t, body, fds)
+	if err != nil {
+		return answer{}, err
+	}
+	s.mem.addShared(addr, b, ino)
+	return answer{reply: appendReply(reply, t, nil)}, nil
+}
+
+// maxQueueBytes bounds one queue allocation.
+const maxQueueBytes = 1 << 30
 
 // removeQueue unmaps queue memory, unless a live object still uses it.
 func (s *session) removeQueue(t msgType, body []byte, reply []byte) (answer, error) {

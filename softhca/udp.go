@@ -27,11 +27,15 @@ import (
 // Receiving works as a NIC driver's NAPI does: while the engine is busy it
 // reads the socket itself, each round, with no wake-up at all; while it
 // sleeps, a goroutine parked in the network poller wakes it when datagrams
-// come.
+// come. Packets leave from a second socket on an ephemeral port (RoCEv2
+// leaves the source port free): the poller would otherwise wake up for the
+// write space every send frees.
 type udpLink struct {
 	d       *Device
-	fd      int      // non-blocking; file owns it
-	file    *os.File // the socket, for the network poller
+	fd      int      // the receive socket, on port 4791; non-blocking; file owns it
+	file    *os.File // the receive socket, for the network poller
+	txFD    int      // the send socket
+	txPort  uint16
 	rc      syscall.RawConn
 	done    chan struct{}
 	stop    chan struct{}
@@ -44,7 +48,7 @@ type udpLink struct {
 	hdr  [48]byte
 
 	rx   *unix.UDPReceiver // owned by the engine, as are the buffers below
-	rbuf []byte
+	rbuf []byte            // datagrams of a round: received packets' payloads point into it
 	rhdr [48]byte
 }
 
@@ -52,6 +56,10 @@ type udpLink struct {
 // window's worth of packets of the largest MTU, so that a burst on an idle
 // machine is not dropped.
 const socketBuffer = 4 << 20
+
+// rxBuffer holds the datagrams the engine reads in a round: the packets'
+// payloads stay in it, uncopied, until the round is over.
+const rxBuffer = 1 << 20
 
 // maxBatch bounds the bytes of one GSO send (a UDP datagram's limit, with
 // room for the headers).
@@ -67,15 +75,41 @@ func listenUDP(d *Device) (*udpLink, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("softhca: set up the socket on %v: %w", laddr, err)
 	}
-	l := &udpLink{d: d, fd: fd, file: os.NewFile(uintptr(fd), "roce-"+laddr.String()), done: make(chan struct{}), stop: make(chan struct{}), armed: make(chan struct{}, 1),
-		tx: unix.NewUDPSender(fd), wbuf: make([]byte, 0, maxBatch+4096+128),
-		rx: unix.NewUDPReceiver(fd), rbuf: make([]byte, 1<<16)}
+	txFD, txPort, err := senderSocket(d.addr)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	l := &udpLink{d: d, fd: fd, file: os.NewFile(uintptr(fd), "roce-"+laddr.String()), txFD: txFD, txPort: txPort,
+		done: make(chan struct{}), stop: make(chan struct{}), armed: make(chan struct{}, 1),
+		tx: unix.NewUDPSender(txFD), wbuf: make([]byte, 0, maxBatch+4096+128),
+		rx: unix.NewUDPReceiver(fd), rbuf: make([]byte, rxBuffer)}
 	if l.rc, err = l.file.SyscallConn(); err != nil {
 		l.file.Close()
+		unix.Close(txFD)
 		return nil, err
 	}
 	go l.watch()
 	return l, nil
+}
+
+// senderSocket opens the socket packets leave from: addr, a free port.
+func senderSocket(addr netip.Addr) (int, uint16, error) {
+	fd, err := unix.UDPSocket(netip.AddrPortFrom(addr, 0))
+	if err == nil {
+		err = unix.TuneRoCESocket(fd, addr.Is4(), socketBuffer)
+	}
+	var port uint16
+	if err == nil {
+		port, err = unix.LocalPort(fd)
+	}
+	if err != nil {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return -1, 0, fmt.Errorf("softhca: send socket on %v: %w", addr, err)
+	}
+	return fd, port, nil
 }
 
 func (l *udpLink) close() error {
@@ -83,7 +117,9 @@ func (l *udpLink) close() error {
 	close(l.stop)
 	err := l.file.Close() // wakes the watcher
 	<-l.done
-	return err
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return errors.Join(err, unix.Close(l.txFD))
 }
 
 // sendBatch sends packets in order, taking their ownership. Consecutive
@@ -133,7 +169,7 @@ func (l *udpLink) sendBatch(ps []*roce.Packet) {
 func (l *udpLink) encode(b []byte, p *roce.Packet, dst netip.Addr) []byte {
 	n := len(b)
 	b = p.AppendTransport(b)
-	ip, udp := roce.PseudoHeaders(l.hdr[:], l.d.addr, dst, roce.UDPPort, len(b)-n)
+	ip, udp := roce.PseudoHeaders(l.hdr[:], l.d.addr, dst, l.txPort, len(b)-n)
 	return binary.LittleEndian.AppendUint32(b, roce.ICRC(ip, udp, b[n:]))
 }
 
@@ -176,11 +212,13 @@ func (l *udpLink) watch() {
 }
 
 // poll reads up to max datagrams that are waiting and returns the valid
-// packets. Malformed datagrams, bad ICRCs and payloads larger than any MTU
-// are counted and dropped.
+// packets, whose payloads point into l.rbuf until the next poll.
+// Malformed datagrams, bad ICRCs and payloads larger than any MTU are
+// counted and dropped.
 func (l *udpLink) poll(out []*roce.Packet, max int) []*roce.Packet {
-	for got := 0; got < max; {
-		n, seg, from, err := l.rx.Recv(l.rbuf)
+	free := l.rbuf
+	for got := 0; got < max && len(free) >= 1<<16; {
+		n, seg, from, err := l.rx.Recv(free[:1<<16])
 		if err != nil {
 			if !errors.Is(err, unix.EAGAIN) {
 				l.d.counters.RcvErrors.Add(1)
@@ -192,10 +230,11 @@ func (l *udpLink) poll(out []*roce.Packet, max int) []*roce.Packet {
 		}
 		for off := 0; off < n; off += seg {
 			got++
-			if p := l.parse(l.rbuf[off:min(off+seg, n)], from); p != nil {
+			if p := l.parse(free[off:min(off+seg, n)], from); p != nil {
 				out = append(out, p)
 			}
 		}
+		free = free[(n+63)&^63:]
 	}
 	return out
 }
@@ -215,14 +254,11 @@ func (l *udpLink) parse(b []byte, from netip.AddrPort) *roce.Packet {
 		return nil
 	}
 	p := getPacket()
-	payload := p.Payload
 	if err := roce.ParseTransport(tr, p); err != nil || len(p.Payload) > 4096 {
 		l.d.counters.RcvErrors.Add(1)
-		p.Payload = payload
 		putPacket(p)
 		return nil
 	}
-	p.Payload = append(payload[:0], p.Payload...)
 	p.SrcGID = src.As16()
 	p.DstGID = l.d.gid
 	return p

@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -14,7 +15,9 @@ import (
 //
 //   - Alloc returns page-aligned memory mapped outside the Go heap. It is what
 //     large or long-lived buffers should use; Free unmaps it, and fails with
-//     EBUSY while a memory region still covers it.
+//     EBUSY while a memory region still covers it. The memory is a memfd's,
+//     so that a device in another process (a software HCA) can map it too
+//     and move data with plain copies (AllocFile).
 //   - Any Go slice can be registered too: RegMR pins its backing array with a
 //     runtime.Pinner until the region is closed.
 
@@ -22,6 +25,7 @@ import (
 type allocation struct {
 	base uintptr
 	b    []byte
+	fd   int // the memfd the mapping is of
 	regs int // guarded by allocs.mu: live memory regions inside it
 }
 
@@ -32,11 +36,14 @@ var allocs struct {
 
 // Alloc maps n bytes of zeroed, page-aligned memory outside the Go heap.
 func Alloc(n int) ([]byte, error) {
-	b, err := unix.MmapAnon(n)
+	if n <= 0 {
+		return nil, fmt.Errorf("alloc %d bytes: %w", n, syscall.EINVAL)
+	}
+	fd, b, err := unix.Memfd("xrc-alloc", n)
 	if err != nil {
 		return nil, fmt.Errorf("alloc %d bytes: %w", n, err)
 	}
-	a := &allocation{base: unix.AddrOf(b), b: b}
+	a := &allocation{base: unix.AddrOf(b), b: b, fd: fd}
 	allocs.mu.Lock()
 	i, _ := slices.BinarySearchFunc(allocs.list, a.base, func(x *allocation, base uintptr) int {
 		return cmp.Compare(x.base, base)
@@ -64,7 +71,21 @@ func Free(b []byte) error {
 		return fmt.Errorf("free: %d memory regions still registered: %w", a.regs, syscall.EBUSY)
 	}
 	allocs.list = slices.Delete(allocs.list, i, i+1)
-	return unix.Munmap(a.b)
+	return errors.Join(unix.Munmap(a.b), unix.Close(a.fd))
+}
+
+// AllocFile finds the memory Alloc returned that holds [addr, addr+n), and
+// returns the memfd it is mapped from, with the mapping's address and
+// length. It is for providers whose device runs in another process and can
+// map the same memory; the descriptor stays Alloc's (valid until Free).
+func AllocFile(addr uintptr, n uint64) (fd int, base uintptr, size int, ok bool) {
+	allocs.mu.Lock()
+	defer allocs.mu.Unlock()
+	a := findAlloc(addr, n)
+	if a == nil {
+		return -1, 0, 0, false
+	}
+	return a.fd, a.base, cap(a.b), true
 }
 
 // holdAlloc finds the Alloc mapping containing [addr, addr+n) and counts a
@@ -72,6 +93,16 @@ func Free(b []byte) error {
 func holdAlloc(addr uintptr, n uint64) *allocation {
 	allocs.mu.Lock()
 	defer allocs.mu.Unlock()
+	a := findAlloc(addr, n)
+	if a != nil {
+		a.regs++
+	}
+	return a
+}
+
+// findAlloc finds the Alloc mapping containing [addr, addr+n). Caller holds
+// allocs.mu.
+func findAlloc(addr uintptr, n uint64) *allocation {
 	i, found := slices.BinarySearchFunc(allocs.list, addr, func(x *allocation, base uintptr) int {
 		return cmp.Compare(x.base, base)
 	})
@@ -85,7 +116,6 @@ func holdAlloc(addr uintptr, n uint64) *allocation {
 	if addr < a.base || uint64(addr-a.base)+n > uint64(len(a.b)) {
 		return nil
 	}
-	a.regs++
 	return a
 }
 

@@ -33,13 +33,13 @@ func Memfd(name string, n int) (int, []byte, error) {
 	return fd, b[:n], nil
 }
 
-// FileSize returns the size of the file fd refers to.
-func FileSize(fd int) (int64, error) {
+// FileStat returns the size and the inode number of the file fd refers to.
+func FileStat(fd int) (size int64, ino uint64, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return 0, Error(asErrno(err), "fstat")
+		return 0, 0, Error(asErrno(err), "fstat")
 	}
-	return st.Size, nil
+	return st.Size, st.Ino, nil
 }
 
 // Eventfd creates a non-blocking, close-on-exec eventfd.

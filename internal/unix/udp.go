@@ -204,3 +204,18 @@ func Readable(fd int) bool {
 	n, err := unix.Poll(p, 0)
 	return err == nil && n > 0 && p[0].Revents&unix.POLLIN != 0
 }
+
+// LocalPort returns the port a socket is bound to.
+func LocalPort(fd int) (uint16, error) {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return 0, Error(asErrno(err), "getsockname")
+	}
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return uint16(sa.Port), nil
+	case *unix.SockaddrInet6:
+		return uint16(sa.Port), nil
+	}
+	return 0, Error(EINVAL, "getsockname: not an IP socket")
+}

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -33,6 +34,15 @@ const envServe = "XRC_HCATEST_SERVE"
 // EnvDebug, when set in a test's environment, makes device processes log at
 // debug level, with microsecond times, to the test's stderr.
 const EnvDebug = "XRC_HCATEST_DEBUG"
+
+// EnvSpin sets the devices' Config.SpinIdle (a duration); they sleep at
+// once by default, which suits CPUs shared with their clients.
+const EnvSpin = "XRC_HCATEST_SPIN"
+
+// EnvCPUProfile, when set in a test's environment, makes each device
+// process write a CPU profile to its value followed by "." and the device
+// name.
+const EnvCPUProfile = "XRC_HCATEST_CPUPROFILE"
 
 // exitAddrInUse tells Start to try another address.
 const exitAddrInUse = 3
@@ -56,6 +66,9 @@ func serve(spec string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	cfg := softhca.Config{Name: f[0], Addr: netip.MustParseAddr(f[1]), UDP: true, SpinIdle: -1}
+	if d, err := time.ParseDuration(os.Getenv(EnvSpin)); err == nil {
+		cfg.SpinIdle = d
+	}
 	if os.Getenv(EnvDebug) != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug,
 			ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
@@ -64,6 +77,12 @@ func serve(spec string) int {
 				}
 				return a
 			}}))
+	}
+	if p := os.Getenv(EnvCPUProfile); p != "" {
+		if f, err := os.Create(p + "." + f[0]); err == nil {
+			pprof.StartCPUProfile(f)
+			defer pprof.StopCPUProfile()
+		}
 	}
 	d, err := softhca.New(ctx, cfg)
 	if errors.Is(err, syscall.EADDRINUSE) {

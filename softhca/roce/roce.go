@@ -237,4 +237,9 @@ type Packet struct {
 	// Addressing outside the transport headers (IP addresses in RoCEv2).
 	SrcGID [16]byte
 	DstGID [16]byte
+
+	// Storage is memory the packet's owner keeps for payloads; Payload may
+	// point into it or elsewhere (the datagram a packet was parsed from).
+	// The codec neither reads nor writes it.
+	Storage []byte
 }

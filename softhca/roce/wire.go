@@ -127,7 +127,7 @@ func (p *Packet) AppendTransport(b []byte) []byte {
 }
 
 // ParseTransport decodes a packet's transport part (headers, payload and
-// pad, without the ICRC) into p. p.Payload aliases b. It validates the
+// pad, without the ICRC) into p. p.Payload aliases b; p.Storage is kept. It validates the
 // opcode, the header version and the lengths, and nothing else.
 func ParseTransport(b []byte, p *Packet) error {
 	if len(b) < BTHLen {
@@ -146,16 +146,17 @@ func ParseTransport(b []byte, p *Packet) error {
 		return fmt.Errorf("%w: %d bytes for %v headers of %d", ErrShort, len(b), o, hl)
 	}
 	*p = Packet{
-		Opcode: o,
-		SE:     b[1]&0x80 != 0,
-		MigReq: b[1]&0x40 != 0,
-		Pad:    b[1] >> 4 & 3,
-		PKey:   binary.BigEndian.Uint16(b[2:]),
-		Resv8a: b[4],
-		DestQP: binary.BigEndian.Uint32(b[4:]) & PSNMask,
-		AckReq: b[8]&0x80 != 0,
-		Resv7:  b[8] & 0x7f,
-		PSN:    binary.BigEndian.Uint32(b[8:]) & PSNMask,
+		Storage: p.Storage,
+		Opcode:  o,
+		SE:      b[1]&0x80 != 0,
+		MigReq:  b[1]&0x40 != 0,
+		Pad:     b[1] >> 4 & 3,
+		PKey:    binary.BigEndian.Uint16(b[2:]),
+		Resv8a:  b[4],
+		DestQP:  binary.BigEndian.Uint32(b[4:]) & PSNMask,
+		AckReq:  b[8]&0x80 != 0,
+		Resv7:   b[8] & 0x7f,
+		PSN:     binary.BigEndian.Uint32(b[8:]) & PSNMask,
 	}
 	off := BTHLen
 	if o.HasXRCETH() {

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xrcrun/xrc/softhca"
+)
+
+// startHCA runs `xrcrun hca` on a free loopback address until the test
+// ends, and returns its name and a function that stops it and returns what
+// run returned.
+func startHCA(t *testing.T, name string, extra ...string) func() error {
+	t.Helper()
+	for range 20 {
+		addr := fmt.Sprintf("127.%d.%d.%d", 64+rand.IntN(64), rand.IntN(256), 1+rand.IntN(254))
+		ctx, cancel := context.WithCancel(context.Background())
+		var stderr bytes.Buffer
+		done := make(chan error, 1)
+		args := append([]string{"hca", "--name", name, "--addr", addr}, extra...)
+		go func() { done <- run(ctx, args, os.Stdout, &stderr) }()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+			if _, err := softhca.QueryCounters(ctx, "", name); err == nil {
+				stop := sync.OnceValue(func() error { cancel(); return <-done })
+				t.Cleanup(func() { stop() })
+				return stop
+			}
+			select {
+			case err := <-done:
+				cancel()
+				if errors.Is(err, syscall.EADDRINUSE) {
+					goto next
+				}
+				t.Fatalf("hca: %v\n%s", err, stderr.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("hca does not serve\n%s", stderr.String())
+			}
+		}
+	next:
+	}
+	t.Fatal("no free loopback address")
+	return nil
+}
+
+func TestHCAAndDevices(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(softhca.RuntimeDirEnv, dir)
+	stop := startHCA(t, "soft7")
+
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"devices"}, &out, os.Stderr); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"hca_id:\tsoft7\n", "\ttransport:\t\t\tsoftware", "\tnode_guid:\t\t\t", "\tmax_qp:\t\t\t\t",
+		"\tmax_srq:\t\t\t", "\tdevice_cap_flags:\t\t0x", "\t\t\t\t\tRC_RNR_NAK_GEN\n", "\t\tport:\t1\n",
+		"\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n", "\t\t\tactive_mtu:\t\t4096 (5)\n", "\t\t\tlink_layer:\t\tEthernet\n", "\t\t\tGID[  0]:\t\t"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("devices output lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"devices", "-v", "-d", "soft7"}, &out, os.Stderr); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"\tmax_cqe:", "\t\t\tcounters:\n", "\t\t\t\tport_xmit_packets:", "\t\t\t\tlocal_ack_timeout_err:", "\t\t\t\tobjects_clients:"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("devices -v output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if err := run(context.Background(), []string{"devices", "-d", "nosuch"}, &out, os.Stderr); err == nil {
+		t.Error("devices -d nosuch succeeded")
+	}
+	// A second device of the same name is refused while the first runs.
+	err := run(context.Background(), []string{"hca", "--name", "soft7", "--addr", "127.0.0.1"}, os.Stdout, &out)
+	if err == nil || !strings.Contains(err.Error(), "already") {
+		t.Errorf("second soft7: %v", err)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("hca stopped with %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "soft7.sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket left behind: %v", err)
+	}
+}
+
+// TestStaleSocket: a socket left by a device that died does not stop a new
+// one of the same name.
+func TestStaleSocket(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(softhca.RuntimeDirEnv, dir)
+	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: filepath.Join(dir, "soft8.sock"), Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	l.Close()
+	startHCA(t, "soft8")
+}
+
+func TestUsage(t *testing.T) {
+	var errb bytes.Buffer
+	for _, args := range [][]string{nil, {"nosuch"}, {"hca"}, {"hca", "--name", "x"}, {"hca", "--name", "x", "--addr", "nonsense"},
+		{"hca", "--name", "x", "--addr", "127.0.0.1", "extra"}} {
+		if err := run(context.Background(), args, os.Stdout, &errb); err == nil {
+			t.Errorf("xrcrun %q succeeded", args)
+		}
+	}
+}
