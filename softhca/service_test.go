@@ -24,6 +24,9 @@ const envClient = "XRC_TEST_CLIENT" // name: attach (in XRC_RUNTIME_DIR), make o
 
 func TestMain(m *testing.M) {
 	hcatest.Main()
+	if mode := os.Getenv(envTCP); mode != "" {
+		os.Exit(tcpPeer(mode))
+	}
 	if spec := os.Getenv(envClient); spec != "" {
 		os.Exit(clientForTest(spec))
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,6 +38,7 @@ func runHCA(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		delayBy = fs.Duration("delay-by", time.Millisecond, "fault injection: how late a delayed packet is")
 		seed    = fs.Uint64("seed", 1, "fault injection: seed of the random choices")
 		metrics = fs.String("metrics", "", "serve Prometheus metrics at http://`addr`/metrics")
+		procs   = fs.Int("procs", 1, "GOMAXPROCS of the device process: its engine is one goroutine, and with one P the Go scheduler wakes no idle thread each time the engine wakes or sleeps")
 		verbose = fs.Bool("v", false, "log every command, dropped packet and retransmission timeout")
 	)
 	fs.Usage = func() {
@@ -56,6 +58,9 @@ func runHCA(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	ip, err := netip.ParseAddr(*addr)
 	if err != nil {
 		return fmt.Errorf("hca: --addr: %w", err)
+	}
+	if *procs > 0 {
+		runtime.GOMAXPROCS(*procs)
 	}
 	level := slog.LevelInfo
 	if *verbose {

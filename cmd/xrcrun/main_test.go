@@ -28,7 +28,7 @@ func startHCA(t *testing.T, name string, extra ...string) func() error {
 		ctx, cancel := context.WithCancel(context.Background())
 		var stderr bytes.Buffer
 		done := make(chan error, 1)
-		args := append([]string{"hca", "--name", name, "--addr", addr}, extra...)
+		args := append([]string{"hca", "--procs", "0", "--name", name, "--addr", addr}, extra...)
 		go func() { done <- run(ctx, args, os.Stdout, &stderr) }()
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
 			if _, err := softhca.QueryCounters(ctx, "", name); err == nil {

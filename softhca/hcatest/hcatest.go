@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"sync/atomic"
@@ -65,6 +66,7 @@ func serve(spec string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	runtime.GOMAXPROCS(1) // as xrcrun hca runs: one engine, no idle Ps to wake
 	cfg := softhca.Config{Name: f[0], Addr: netip.MustParseAddr(f[1]), UDP: true, SpinIdle: -1}
 	if d, err := time.ParseDuration(os.Getenv(EnvSpin)); err == nil {
 		cfg.SpinIdle = d
