@@ -501,8 +501,15 @@ func scatter(sg []lsge, off uint32, src []byte) bool {
 // side. Caller holds d.mu.
 func (d *Device) onResponse(q *qp, p *roce.Packet) {
 	r := &q.req
-	if q.state != qpstate.RTS && q.state != qpstate.SQD || len(r.q) == 0 {
-		return // nothing to acknowledge: a stale or stray response
+	if q.state != qpstate.RTS && q.state != qpstate.SQD {
+		d.counters.RcvErrors.Add(1) // the requester is not running: a stray response
+		return
+	}
+	if len(r.q) == 0 {
+		if roce.PSNDiff(p.PSN, r.acked) > 0 {
+			d.counters.RcvErrors.Add(1) // responds to what was never sent
+		}
+		return // else a duplicate of what was acknowledged
 	}
 	switch p.Opcode.Op() {
 	case roce.Acknowledge:
