@@ -296,3 +296,30 @@ func TestResponseToUnsentRead(t *testing.T) {
 		t.Errorf("response to a READ never sent was scattered into local memory")
 	}
 }
+
+// A NAK for a request past a READ whose response never came says the
+// response was lost: the READ is asked for again, and the NAK, for a
+// request the responder has yet to get to again, fails nothing (before, the
+// READ completed with a flush error and then the atomic with the NAK's
+// error, out of order). Found by FuzzDatagram.
+func TestNakPastUnansweredRead(t *testing.T) {
+	r := newRig(t)
+	if err := r.qp.PostSend(&verbs.SendWR{WRID: 1, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
+		SG: []verbs.SGE{r.mr.SGE(0, 16)}, RemoteAddr: 0x1000, RKey: 0x77,
+		Next: &verbs.SendWR{WRID: 2, Opcode: verbs.WRAtomicFetchAdd, Flags: verbs.SendSignaled,
+			SG: []verbs.SGE{r.mr.SGE(64, 8)}, RemoteAddr: 0x2000, RKey: 0x77, CompareAdd: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	r.sink.collect(t, 2)
+	r.inject(func(p *roce.Packet) {
+		p.Opcode, p.PSN, p.Syndrome = roce.Acknowledge, 0x1235, roce.AETHNak|roce.NakInvalidRequest
+	})
+	again := r.sink.collect(t, 1)
+	if again[0].Opcode != roce.ReadRequest || again[0].PSN != 0x1234 {
+		t.Fatalf("after the NAK: %v PSN %#x, want the READ again", again[0].Opcode, again[0].PSN)
+	}
+	wc := make([]verbs.WorkCompletion, 2)
+	if n, _ := r.cq.Poll(wc); n != 0 {
+		t.Fatalf("completions after a NAK past an unanswered READ: %+v", wc[:n])
+	}
+}
