@@ -23,7 +23,7 @@ import (
 // the fabric (the sink) whose engine never runs: what the device sends piles
 // up for the test to read.
 
-func newSink(t *testing.T, f *Fabric, a string) *Device {
+func newSink(t testing.TB, f *Fabric, a string) *Device {
 	s := &Device{name: "sink", gid: netip.MustParseAddr(a).As16()}
 	s.eng = newEngine(s, 0, Faults{})
 	if _, err := f.attach(s); err != nil {
