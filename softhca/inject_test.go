@@ -323,3 +323,29 @@ func TestNakPastUnansweredRead(t *testing.T) {
 		t.Fatalf("completions after a NAK past an unanswered READ: %+v", wc[:n])
 	}
 }
+
+// A request that fails after a READ in the same round is NAKed after the
+// READ's responses, not before them: responses go in the order of the
+// requests, and a NAK first would tell the requester the READ's responses
+// were lost. Found by FuzzDatagram.
+func TestNakAfterReadResponses(t *testing.T) {
+	r := newRig(t)
+	read, write := getPacket(), getPacket()
+	for _, p := range []*roce.Packet{read, write} {
+		p.SrcGID, p.DstGID, p.DestQP, p.PKey = r.sink.gid, r.d.gid, r.qp.Num(), 0xffff
+	}
+	read.Opcode, read.PSN, read.VA, read.RKey, read.DMALen = roce.ReadRequest, 0x1234, r.mr.Addr(), r.mr.RKey(), 4096
+	write.Opcode, write.PSN, write.VA, write.RKey, write.DMALen = roce.WriteOnly, 0x1234+4, 0x1000, 0x77, 8
+	write.Payload = append(write.Payload[:0], "12345678"...)
+	r.d.eng.deliverAll([]*roce.Packet{read, write})
+	got := r.sink.collect(t, 5)
+	for i, p := range got {
+		t.Logf("%v PSN %#x syndrome %#x", p.Opcode, p.PSN, p.Syndrome)
+		if want := i == 4; (p.Opcode == roce.Acknowledge) != want {
+			t.Errorf("packet %d is %v: want 4 READ responses, then the NAK", i, p.Opcode)
+		}
+	}
+	if last := got[len(got)-1]; last.Syndrome != roce.AETHNak|roce.NakRemoteAccess || last.PSN != 0x1238 {
+		t.Errorf("last packet: syndrome %#x PSN %#x, want a remote access NAK for PSN 0x1238", last.Syndrome, last.PSN)
+	}
+}
