@@ -644,10 +644,20 @@ func counterDiff(before, after []uint64) map[string]uint64 {
 }
 
 // checkOut checks what the device sent: well-formed packets to the peer's
-// QPs, no larger than their MTU.
+// QPs, no larger than their MTU, and nothing from a QP after the NAK that
+// ends its life as a responder (responses go in order: a NAK overtaking
+// the READ responses of an earlier request would tell the requester they
+// were lost).
 func (w *dgWorld) checkOut(t testing.TB, out []*roce.Packet) {
 	t.Helper()
+	nakked := map[uint32]bool{}
 	for _, p := range out {
+		if nakked[p.DestQP] {
+			t.Fatalf("device sent %v PSN %#x to QP %#x after a fatal NAK", p.Opcode, p.PSN, p.DestQP)
+		}
+		if p.Opcode == roce.Acknowledge && p.Syndrome&roce.AETHKind == roce.AETHNak && p.Syndrome&0x1f != roce.NakPSNSeqErr {
+			nakked[p.DestQP] = true
+		}
 		i := -1
 		for j, c := range dgQPConfs {
 			if p.DestQP == c.peerQPN {
@@ -1051,6 +1061,14 @@ func dgSeeds(rkeyRemote, rkeyRO, rkeyOther uint32) []dgScript {
 		out = append(out, s)
 	}
 	one(A, dgPacket(roce.SendOnly, 0x1240, withPayload(8))) // out of sequence
+	{
+		var s dgScript // a READ, and in the same round a WRITE that fails
+		s.add(A|dgRelVA|dgBurst, dgPacket(roce.ReadRequest, 0x1234, withRETH(offRemote, rkeyRemote, 2048)))
+		s.add(A|dgRelVA, dgPacket(roce.WriteOnly, 0x1236, func(p *roce.Packet) {
+			p.VA, p.RKey, p.DMALen, p.Payload = offRO, rkeyRO, 16, bytes.Repeat([]byte{'X'}, 16)
+		}))
+		out = append(out, s)
+	}
 	{
 		var s dgScript // several requests in one round
 		s.add(A|dgBurst, dgPacket(roce.SendOnly, 0x1234, withPayload(8)))
