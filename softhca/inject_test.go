@@ -23,7 +23,7 @@ import (
 // the fabric (the sink) whose engine never runs: what the device sends piles
 // up for the test to read.
 
-func newSink(t *testing.T, f *Fabric, a string) *Device {
+func newSink(t testing.TB, f *Fabric, a string) *Device {
 	s := &Device{name: "sink", gid: netip.MustParseAddr(a).As16()}
 	s.eng = newEngine(s, 0, Faults{})
 	if _, err := f.attach(s); err != nil {
@@ -294,5 +294,58 @@ func TestResponseToUnsentRead(t *testing.T) {
 	}
 	if bytes.Equal(r.buf[:16], bytes.Repeat([]byte{'G'}, 16)) || rd != 0 {
 		t.Errorf("response to a READ never sent was scattered into local memory")
+	}
+}
+
+// A NAK for a request past a READ whose response never came says the
+// response was lost: the READ is asked for again, and the NAK, for a
+// request the responder has yet to get to again, fails nothing (before, the
+// READ completed with a flush error and then the atomic with the NAK's
+// error, out of order). Found by FuzzDatagram.
+func TestNakPastUnansweredRead(t *testing.T) {
+	r := newRig(t)
+	if err := r.qp.PostSend(&verbs.SendWR{WRID: 1, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
+		SG: []verbs.SGE{r.mr.SGE(0, 16)}, RemoteAddr: 0x1000, RKey: 0x77,
+		Next: &verbs.SendWR{WRID: 2, Opcode: verbs.WRAtomicFetchAdd, Flags: verbs.SendSignaled,
+			SG: []verbs.SGE{r.mr.SGE(64, 8)}, RemoteAddr: 0x2000, RKey: 0x77, CompareAdd: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	r.sink.collect(t, 2)
+	r.inject(func(p *roce.Packet) {
+		p.Opcode, p.PSN, p.Syndrome = roce.Acknowledge, 0x1235, roce.AETHNak|roce.NakInvalidRequest
+	})
+	again := r.sink.collect(t, 1)
+	if again[0].Opcode != roce.ReadRequest || again[0].PSN != 0x1234 {
+		t.Fatalf("after the NAK: %v PSN %#x, want the READ again", again[0].Opcode, again[0].PSN)
+	}
+	wc := make([]verbs.WorkCompletion, 2)
+	if n, _ := r.cq.Poll(wc); n != 0 {
+		t.Fatalf("completions after a NAK past an unanswered READ: %+v", wc[:n])
+	}
+}
+
+// A request that fails after a READ in the same round is NAKed after the
+// READ's responses, not before them: responses go in the order of the
+// requests, and a NAK first would tell the requester the READ's responses
+// were lost. Found by FuzzDatagram.
+func TestNakAfterReadResponses(t *testing.T) {
+	r := newRig(t)
+	read, write := getPacket(), getPacket()
+	for _, p := range []*roce.Packet{read, write} {
+		p.SrcGID, p.DstGID, p.DestQP, p.PKey = r.sink.gid, r.d.gid, r.qp.Num(), 0xffff
+	}
+	read.Opcode, read.PSN, read.VA, read.RKey, read.DMALen = roce.ReadRequest, 0x1234, r.mr.Addr(), r.mr.RKey(), 4096
+	write.Opcode, write.PSN, write.VA, write.RKey, write.DMALen = roce.WriteOnly, 0x1234+4, 0x1000, 0x77, 8
+	write.Payload = append(write.Payload[:0], "12345678"...)
+	r.d.eng.deliverAll([]*roce.Packet{read, write})
+	got := r.sink.collect(t, 5)
+	for i, p := range got {
+		t.Logf("%v PSN %#x syndrome %#x", p.Opcode, p.PSN, p.Syndrome)
+		if want := i == 4; (p.Opcode == roce.Acknowledge) != want {
+			t.Errorf("packet %d is %v: want 4 READ responses, then the NAK", i, p.Opcode)
+		}
+	}
+	if last := got[len(got)-1]; last.Syndrome != roce.AETHNak|roce.NakRemoteAccess || last.PSN != 0x1238 {
+		t.Errorf("last packet: syndrome %#x PSN %#x, want a remote access NAK for PSN 0x1238", last.Syndrome, last.PSN)
 	}
 }

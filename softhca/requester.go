@@ -501,8 +501,15 @@ func scatter(sg []lsge, off uint32, src []byte) bool {
 // side. Caller holds d.mu.
 func (d *Device) onResponse(q *qp, p *roce.Packet) {
 	r := &q.req
-	if q.state != qpstate.RTS && q.state != qpstate.SQD || len(r.q) == 0 {
-		return // nothing to acknowledge: a stale or stray response
+	if q.state != qpstate.RTS && q.state != qpstate.SQD {
+		d.counters.RcvErrors.Add(1) // the requester is not running: a stray response
+		return
+	}
+	if len(r.q) == 0 {
+		if roce.PSNDiff(p.PSN, r.acked) > 0 {
+			d.counters.RcvErrors.Add(1) // responds to what was never sent
+		}
+		return // else a duplicate of what was acknowledged
 	}
 	switch p.Opcode.Op() {
 	case roce.Acknowledge:
@@ -527,8 +534,7 @@ func (d *Device) onAck(q *qp, p *roce.Packet) {
 		d.acked(q, p.PSN)
 	case roce.AETHRNRNak:
 		d.counters.RNRNaksReceived.Add(1)
-		d.acked(q, (p.PSN-1)&roce.PSNMask)
-		if q.state != qpstate.RTS && q.state != qpstate.SQD || len(r.q) == 0 {
+		if !d.nakApplies(q, p.PSN) {
 			return
 		}
 		if q.rnrRetry != 7 {
@@ -543,8 +549,7 @@ func (d *Device) onAck(q *qp, p *roce.Packet) {
 		r.rnrUntil = d.clock.Now().Add(rnrDelay(p.Syndrome & 0x1f))
 		d.eng.setTimer(q, r.rnrUntil)
 	case roce.AETHNak:
-		d.acked(q, (p.PSN-1)&roce.PSNMask)
-		if q.state != qpstate.RTS && q.state != qpstate.SQD || len(r.q) == 0 {
+		if !d.nakApplies(q, p.PSN) {
 			return
 		}
 		code := p.Syndrome & 0x1f
@@ -568,6 +573,29 @@ func (d *Device) onAck(q *qp, p *roce.Packet) {
 		}
 		d.requestError(q, d.wqeAt(q, p.PSN), syn)
 	}
+}
+
+// nakApplies acknowledges what comes before the PSN of a NAK or an RNR
+// NAK, and reports whether the NAK is then for the oldest request still
+// outstanding, as it must be to count. A NAK for a PSN acknowledged already
+// is a duplicate; one for a PSN never sent is counted as an error; one past
+// a READ or an atomic whose response has not come tells that the response
+// was lost: acked sends the request again, and the NAK is dropped, as the
+// responder will answer the request again before it gets to the NAKed one.
+// Dropping it also keeps completions in order: a request failed by a NAK
+// has no older request outstanding, to be flushed before it.
+func (d *Device) nakApplies(q *qp, psn uint32) bool {
+	r := &q.req
+	if roce.PSNDiff(psn, r.acked) <= 0 {
+		return false
+	}
+	if roce.PSNDiff(psn, r.high) >= 0 {
+		d.counters.RcvErrors.Add(1) // refuses what was never sent
+		return false
+	}
+	before := (psn - 1) & roce.PSNMask
+	d.acked(q, before)
+	return (q.state == qpstate.RTS || q.state == qpstate.SQD) && len(r.q) > 0 && r.acked == before
 }
 
 // wqeAt returns the outstanding WQE that holds psn, or the oldest.

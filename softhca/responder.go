@@ -59,6 +59,12 @@ type responder struct {
 	readBuf []*resource // the array reads lives in
 	queued  bool        // in the engine's list of QPs with responses to send
 	scratch []mlx4hw.DataSeg
+
+	// A NAK that ended the QP's life while READ responses of earlier
+	// requests were still to be sent: it goes after them.
+	nakAfterReads bool
+	nakSyndrome   uint8
+	nakPSN        uint32
 }
 
 func (s *responder) reset() {
@@ -128,9 +134,17 @@ func (d *Device) onRequest(q *qp, p *roce.Packet) {
 }
 
 // fatal ends the QP's life as a responder: the requester gets a NAK with
-// code, and the QP moves to the error state.
+// code, and the QP moves to the error state. Responses go in the order of
+// the requests: if READ responses of earlier requests are still to be
+// sent, the NAK follows them (a NAK overtaking them would tell the
+// requester that they were lost).
 func (d *Device) fatal(q *qp, p *roce.Packet, code uint8) {
-	d.sendNak(q, roce.AETHNak|code, p.PSN)
+	s := &q.resp
+	if len(s.reads) > 0 {
+		s.nakAfterReads, s.nakSyndrome, s.nakPSN = true, roce.AETHNak|code, p.PSN
+	} else {
+		d.sendNak(q, roce.AETHNak|code, p.PSN)
+	}
 	d.setState(q, qpstate.Err)
 }
 
@@ -442,6 +456,13 @@ func (d *Device) sendReads(q *qp) bool {
 			m, ok := d.remoteMR(q, r.rkey, r.va, uint64(r.length), accRemoteRead)
 			if !ok || !m.read(r.va+uint64(off), p.Payload) {
 				putPacket(p)
+				// The NAK is for this READ: the later ones, and a
+				// NAK that was to follow them, are dropped.
+				for _, x := range s.reads {
+					x.queued = false
+				}
+				clear(s.reads)
+				s.reads, s.nakAfterReads = s.readBuf[:0], false
 				d.fatal(q, &roce.Packet{PSN: p.PSN}, roce.NakRemoteAccess)
 				return false
 			}
@@ -453,6 +474,10 @@ func (d *Device) sendReads(q *qp) bool {
 			s.reads[0] = nil
 			s.reads = s.reads[1:]
 		}
+	}
+	if len(s.reads) == 0 && s.nakAfterReads {
+		s.nakAfterReads = false
+		d.sendNak(q, s.nakSyndrome, s.nakPSN)
 	}
 	return len(s.reads) > 0
 }

@@ -48,31 +48,7 @@ func (s *session) run() {
 		if err != nil || n == 0 && oobn == 0 {
 			return // the client is gone (or the service stops)
 		}
-		fds, ferr := unix.ParseRights(oob[:oobn])
-		var a answer
-		var t msgType
-		switch {
-		case flags&(syscall.MSG_TRUNC|syscall.MSG_CTRUNC) != 0:
-			err = unix.Errorf(unix.EMSGSIZE, "message larger than %d bytes or with too many descriptors", maxMessage)
-		case ferr != nil:
-			err = ferr
-		default:
-			var body []byte
-			if t, body, err = splitRequest(buf[:n]); err == nil {
-				a, err = s.handle(t, body, fds, reply[:0])
-				fds = nil // handle took them
-			}
-		}
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-		if err != nil {
-			s.d.counters.BadMessages.Add(1)
-			if s.d.debug {
-				s.d.log.Debug("service request failed", "pid", s.cred.PID, "request", t, "err", err)
-			}
-			a = answer{reply: appendReply(reply[:0], t, err)}
-		}
+		a := s.request(buf[:n], oob[:oobn], flags, reply[:0])
 		reply = a.reply
 		_, _, werr := s.conn.WriteMsgUnix(a.reply, unix.Rights(a.pass...), nil)
 		for _, fd := range a.close {
@@ -82,6 +58,40 @@ func (s *session) run() {
 			return
 		}
 	}
+}
+
+// request answers one message: its bytes, the control message that came
+// with it and the flags it was received with. It takes the descriptors the
+// control message passes. A message that fails is counted (BadMessages)
+// and answered with the errno.
+func (s *session) request(msg, oob []byte, flags int, reply []byte) answer {
+	fds, ferr := unix.ParseRights(oob)
+	var a answer
+	var t msgType
+	var err error
+	switch {
+	case flags&(syscall.MSG_TRUNC|syscall.MSG_CTRUNC) != 0:
+		err = unix.Errorf(unix.EMSGSIZE, "message larger than %d bytes or with too many descriptors", maxMessage)
+	case ferr != nil:
+		err = ferr
+	default:
+		var body []byte
+		if t, body, err = splitRequest(msg); err == nil {
+			a, err = s.handle(t, body, fds, reply)
+			fds = nil // handle took them
+		}
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	if err != nil {
+		s.d.counters.BadMessages.Add(1)
+		if s.d.debug {
+			s.d.log.Debug("service request failed", "pid", s.cred.PID, "request", t, "err", err)
+		}
+		a = answer{reply: appendReply(reply, t, err)}
+	}
+	return a
 }
 
 // handle runs one request, taking ownership of fds.

@@ -242,24 +242,35 @@ func (l *udpLink) poll(out []*roce.Packet, max int) []*roce.Packet {
 // parse checks a datagram and decodes it into a packet from the pool, or
 // counts it as an error and returns nil.
 func (l *udpLink) parse(b []byte, from netip.AddrPort) *roce.Packet {
+	return l.d.parseDatagram(b, from, &l.rhdr)
+}
+
+// parseDatagram checks a RoCEv2 datagram that came from the address and
+// port from to the device: its length, and its ICRC over the IP and UDP
+// headers the sender's kernel put on it (roce.PseudoHeaders). It decodes a
+// good one into a packet from the pool, addressed from the sender's GID to
+// the device's, for the engine; it counts a bad one and returns nil. The
+// packet's payload points into b. hdr is scratch space for the headers. It
+// touches nothing of the device but its counters.
+func (d *Device) parseDatagram(b []byte, from netip.AddrPort, hdr *[48]byte) *roce.Packet {
 	if !from.IsValid() || len(b) < roce.BTHLen+roce.ICRCLen {
-		l.d.counters.RcvErrors.Add(1)
+		d.counters.RcvErrors.Add(1)
 		return nil
 	}
 	src := from.Addr().Unmap()
 	tr := b[:len(b)-roce.ICRCLen]
-	ip, udp := roce.PseudoHeaders(l.rhdr[:], src, l.d.addr, from.Port(), len(tr))
+	ip, udp := roce.PseudoHeaders(hdr[:], src, d.addr, from.Port(), len(tr))
 	if roce.ICRC(ip, udp, tr) != binary.LittleEndian.Uint32(b[len(tr):]) {
-		l.d.counters.RcvICRCErrors.Add(1)
+		d.counters.RcvICRCErrors.Add(1)
 		return nil
 	}
 	p := getPacket()
 	if err := roce.ParseTransport(tr, p); err != nil || len(p.Payload) > 4096 {
-		l.d.counters.RcvErrors.Add(1)
+		d.counters.RcvErrors.Add(1)
 		putPacket(p)
 		return nil
 	}
 	p.SrcGID = src.As16()
-	p.DstGID = l.d.gid
+	p.DstGID = d.gid
 	return p
 }
