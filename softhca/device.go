@@ -40,6 +40,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -137,14 +138,17 @@ type Device struct {
 	counters Counters
 }
 
+// maxNameLen bounds device names (IB_DEVICE_NAME_MAX is 64 with its NUL).
+const maxNameLen = 63
+
 // ErrClosed is returned for operations on a closed device.
 var ErrClosed = errors.New("softhca: device closed")
 
 // New creates a device and starts its engine. The device runs until Close,
 // or until ctx is done.
 func New(ctx context.Context, cfg Config) (*Device, error) {
-	if cfg.Name == "" {
-		return nil, errors.New("softhca: device needs a name")
+	if cfg.Name == "" || len(cfg.Name) > maxNameLen || strings.ContainsAny(cfg.Name, "/\x00 \t\n") {
+		return nil, fmt.Errorf("softhca: device name %q: 1 to %d characters, no slash or space", cfg.Name, maxNameLen)
 	}
 	if !cfg.Addr.IsValid() {
 		return nil, errors.New("softhca: device needs an address")

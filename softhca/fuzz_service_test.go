@@ -412,7 +412,7 @@ func checkDecoders(t testing.TB, b []byte) {
 	}
 	if i, err := parseDeviceInfo(b); err != nil {
 		malformed("parseDeviceInfo", err)
-	} else if len(i.name) > 64 || !bytes.Equal(i.append(nil), b) {
+	} else if len(i.name) > maxNameLen || !bytes.Equal(i.append(nil), b) {
 		t.Fatalf("device info %x decodes to %+v", b, i)
 	}
 	if ids, err := parseIDs(b); err != nil {
@@ -455,7 +455,7 @@ func checkDecoders(t testing.TB, b []byte) {
 		i.guid = binary.LittleEndian.Uint64(b)
 		copy(i.gid[:], b[8:24])
 		i.mtu = binary.LittleEndian.Uint32(b[24:])
-		i.name = string(b[28:min(len(b), 28+64)])
+		i.name = string(b[28:min(len(b), 28+maxNameLen)])
 	}
 	if got, err := parseDeviceInfo(i.append(nil)); err != nil || got != i {
 		t.Fatalf("device info %+v decodes to %+v, %v", i, got, err)
@@ -495,7 +495,9 @@ func checkDecoders(t testing.TB, b []byte) {
 	errno := unix.Errno(len(b)%200 + 1)
 	msg := string(b)
 	sent := unix.Error(errno, msg).Error()
-	want := unix.Error(errno, sent[:min(len(sent), 1024)]).Error() // the message is cut at 1024 bytes
+	// The message is cut at 1024 bytes, and the errno's text it ends with
+	// is not repeated.
+	want := unix.Error(errno, strings.TrimSuffix(sent[:min(len(sent), 1024)], ": "+errno.Error())).Error()
 	if _, err := parseReply(appendReply(nil, msgCommand, unix.Error(errno, msg)), msgCommand); !errors.Is(err, errno) || err.Error() != want {
 		t.Fatalf("error %v of %q comes back as %v", errno, msg, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/xrcrun/xrc/internal/unix"
 )
@@ -84,6 +85,9 @@ func parseHello(body []byte) (hello, error) {
 		return h, fmt.Errorf("hello of %d bytes: %w", len(body), errMalformed)
 	}
 	h.version = binary.LittleEndian.Uint32(body)
+	if binary.LittleEndian.Uint32(body[4:]) != 0 {
+		return h, fmt.Errorf("hello with reserved word %#x: %w", binary.LittleEndian.Uint32(body[4:]), errMalformed)
+	}
 	h.probe = binary.LittleEndian.Uint64(body[8:])
 	copy(h.nonce[:], body[16:])
 	return h, nil
@@ -114,7 +118,7 @@ func parseDeviceInfo(b []byte) (deviceInfo, error) {
 	copy(i.gid[:], b[8:24])
 	i.mtu = binary.LittleEndian.Uint32(b[24:])
 	n := binary.LittleEndian.Uint32(b[28:])
-	if uint64(n) != uint64(len(b)-32) || n > 64 {
+	if uint64(n) != uint64(len(b)-32) || n > maxNameLen {
 		return i, fmt.Errorf("device name of %d bytes in %d: %w", n, len(b)-32, errMalformed)
 	}
 	i.name = string(b[32:])
@@ -176,7 +180,10 @@ func parseReply(b []byte, t msgType) ([]byte, error) {
 		return nil, fmt.Errorf("reply to %v answers %v: %w", t, got, errMalformed)
 	}
 	if errno := unix.Errno(binary.LittleEndian.Uint32(b[4:])); errno != 0 {
-		return nil, unix.Error(errno, string(b[8:]))
+		// The message is the device's error, which ends with the errno's
+		// text; unix.Error adds it again.
+		msg := strings.TrimSuffix(string(b[8:]), ": "+errno.Error())
+		return nil, unix.Error(errno, msg)
 	}
 	return b[8:], nil
 }

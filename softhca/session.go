@@ -109,6 +109,9 @@ func (s *session) handle(t msgType, body []byte, fds []int, reply []byte) (answe
 		closeAll()
 		return answer{}, unix.Errorf(unix.EACCES, "user %d may not use device %s, which runs as user %d", s.cred.UID, s.d.name, unix.Geteuid())
 	}
+	if (t == msgInfo || t == msgCounters) && len(body) != 0 {
+		return answer{}, unix.Errorf(unix.EINVAL, "%v with a body of %d bytes", t, len(body))
+	}
 	switch t {
 	case msgInfo:
 		return answer{reply: s.d.info().append(appendReply(reply, t, nil))}, nil
