@@ -396,8 +396,9 @@ func (h *timerHeap) Pop() any {
 }
 
 // The packet pool: packets carry up to 4096 bytes of payload in their
-// Storage; a received packet's Payload may instead point into the datagram
-// it came in, valid until the round that processes it ends. Unlike a
+// Storage (see freshPacket); a received packet's Payload may instead point
+// into the datagram it came in, valid until the round that processes it
+// ends. Unlike a
 // sync.Pool it survives garbage collections, so a steady stream of traffic
 // allocates nothing; it keeps at most poolMax packets.
 var packets struct {
@@ -416,12 +417,26 @@ func getPacket() *roce.Packet {
 		packets.free = packets.free[:n-1]
 	}
 	packets.mu.Unlock()
+	return freshPacket(p)
+}
+
+// A packet's storage has room for the transport headers before the payload
+// and for its pad and ICRC after it, so that the UDP link encodes a packet
+// where it is.
+const (
+	pktHeadroom = 64
+	pktTailroom = 8
+	pktStorage  = pktHeadroom + 4096 + pktTailroom
+)
+
+// freshPacket clears p (or makes a packet, if nil), its empty payload at
+// the start of its storage's payload room.
+func freshPacket(p *roce.Packet) *roce.Packet {
 	if p == nil {
-		buf := make([]byte, 0, 4096)
-		return &roce.Packet{Payload: buf, Storage: buf}
+		p = &roce.Packet{Storage: make([]byte, pktStorage)}
 	}
-	buf := p.Storage[:0]
-	*p = roce.Packet{Payload: buf, Storage: buf}
+	st := p.Storage
+	*p = roce.Packet{Storage: st, Payload: st[pktHeadroom:pktHeadroom]}
 	return p
 }
 

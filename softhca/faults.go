@@ -106,7 +106,7 @@ func (fl *faulter) release(out []*roce.Packet) []*roce.Packet {
 
 func clonePacket(p *roce.Packet) *roce.Packet {
 	q := getPacket()
-	payload := append(q.Storage[:0], p.Payload...)
+	payload := append(q.Payload, p.Payload...)
 	storage := q.Storage
 	*q = *p
 	q.Payload, q.Storage = payload, storage

@@ -42,10 +42,12 @@ type udpLink struct {
 	armed   chan struct{} // the engine is going to sleep: watch the socket
 	closing atomic.Bool
 
-	mu   sync.Mutex // guards the sender: delayed packets are sent from timers
-	tx   *unix.UDPSender
-	wbuf []byte
-	hdr  [48]byte
+	mu       sync.Mutex // guards the sender: delayed packets are sent from timers
+	tx       *unix.UDPSender
+	iov      [][]byte // the datagrams of one send
+	wbuf     []byte   // datagrams encoded out of their packets' storage
+	hdr      [48]byte
+	hscratch [64]byte
 
 	rx   *unix.UDPReceiver // owned by the engine, as are the buffers below
 	rbuf []byte            // datagrams of a round: received packets' payloads point into it
@@ -127,25 +129,29 @@ func (l *udpLink) close() error {
 // a run may be shorter) go in one system call with UDP GSO. To other
 // addresses every packet is a datagram of its own: the kernel would number
 // the IPv4 identification of GSO segments, which the ICRC covers, and a
-// RoCE NIC on the other end would then reject them.
+// RoCE NIC on the other end would then reject them. A packet is encoded in
+// its own storage where it can be (headers before the payload, pad and
+// ICRC after), and the kernel gathers the datagrams from there.
 func (l *udpLink) sendBatch(ps []*roce.Packet) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i := 0; i < len(ps); {
 		dst := netip.AddrFrom16(ps[i].DstGID).Unmap()
-		b := l.encode(l.wbuf[:0], ps[i], dst)
-		seg := len(b)
+		l.wbuf = l.wbuf[:0]
+		first := l.encode(ps[i], dst)
+		seg, total := len(first), len(first)
+		l.iov = append(l.iov[:0], first)
 		j := i + 1
 		if dst.IsLoopback() {
-			for j < len(ps) && j-i < unix.MaxGSOSegments && ps[j].DstGID == ps[i].DstGID && len(b)+seg <= maxBatch {
-				n := len(b)
-				b = l.encode(b, ps[j], dst)
-				if len(b)-n > seg {
-					b = b[:n] // longer: it starts the next run
-					break
+			for j < len(ps) && j-i < unix.MaxGSOSegments && ps[j].DstGID == ps[i].DstGID && total+seg <= maxBatch {
+				if ps[j].Len() > seg {
+					break // longer: it starts the next run
 				}
+				b := l.encode(ps[j], dst)
+				l.iov = append(l.iov, b)
+				total += len(b)
 				j++
-				if len(b)-n < seg {
+				if len(b) < seg {
 					break // shorter: it ends this run
 				}
 			}
@@ -153,10 +159,10 @@ func (l *udpLink) sendBatch(ps []*roce.Packet) {
 		if j-i == 1 {
 			seg = 0
 		}
-		if err := l.tx.Send(b, seg, netip.AddrPortFrom(dst, roce.UDPPort)); err != nil {
+		if err := l.tx.SendVec(l.iov, seg, netip.AddrPortFrom(dst, roce.UDPPort)); err != nil {
 			l.d.counters.XmitDiscards.Add(uint64(j - i))
 		}
-		l.wbuf = b
+		clear(l.iov)
 		for _, p := range ps[i:j] {
 			putPacket(p)
 		}
@@ -164,13 +170,32 @@ func (l *udpLink) sendBatch(ps []*roce.Packet) {
 	}
 }
 
-// encode appends p as a datagram to dst: the transport headers, the
-// payload and the ICRC.
-func (l *udpLink) encode(b []byte, p *roce.Packet, dst netip.Addr) []byte {
-	n := len(b)
-	b = p.AppendTransport(b)
-	ip, udp := roce.PseudoHeaders(l.hdr[:], l.d.addr, dst, l.txPort, len(b)-n)
-	return binary.LittleEndian.AppendUint32(b, roce.ICRC(ip, udp, b[n:]))
+// encode returns p as a datagram to dst: the transport headers, the
+// payload, its pad and the ICRC. It writes them around the payload in the
+// packet's storage when the payload is there, and appends them to l.wbuf
+// otherwise.
+func (l *udpLink) encode(p *roce.Packet, dst netip.Addr) []byte {
+	st := p.Storage[:cap(p.Storage)]
+	n := len(p.Payload)
+	inPlace := len(st) >= pktHeadroom+n+pktTailroom &&
+		(n == 0 || &p.Payload[0] == &st[pktHeadroom])
+	if !inPlace {
+		off := len(l.wbuf)
+		l.wbuf = p.AppendTransport(l.wbuf)
+		ip, udp := roce.PseudoHeaders(l.hdr[:], l.d.addr, dst, l.txPort, len(l.wbuf)-off)
+		l.wbuf = binary.LittleEndian.AppendUint32(l.wbuf, roce.ICRC(ip, udp, l.wbuf[off:]))
+		return l.wbuf[off:]
+	}
+	hdr := p.AppendHeaders(l.hscratch[:0])
+	start := pktHeadroom - len(hdr)
+	copy(st[start:], hdr)
+	end := pktHeadroom + n
+	pad := roce.PadLen(n)
+	clear(st[end : end+pad])
+	end += pad
+	ip, udp := roce.PseudoHeaders(l.hdr[:], l.d.addr, dst, l.txPort, end-start)
+	binary.LittleEndian.PutUint32(st[end:], roce.ICRC(ip, udp, st[start:end]))
+	return st[start : end+roce.ICRCLen]
 }
 
 // idle tells the link that the engine is going to sleep: from now on a

@@ -77,7 +77,7 @@ type UDPSender struct {
 	fd  int
 	sa  unix.RawSockaddrInet6 // large enough for either family
 	oob [24]byte              // one cmsg with a uint16: CmsgSpace(2) on 64-bit
-	iov unix.Iovec
+	iov []unix.Iovec
 	msg unix.Msghdr
 }
 
@@ -88,14 +88,28 @@ func NewUDPSender(fd int) *UDPSender { return &UDPSender{fd: fd} }
 // datagrams of seg bytes each (the last may be shorter) that the kernel
 // splits (UDP GSO). A full socket buffer fails with EAGAIN.
 func (s *UDPSender) Send(b []byte, seg int, dst netip.AddrPort) error {
-	if len(b) == 0 {
+	return s.SendVec([][]byte{b}, seg, dst)
+}
+
+// SendVec is Send of the concatenation of bufs, gathered by the kernel
+// (sendmsg's iovec): with GSO, a datagram may span buffers.
+func (s *UDPSender) SendVec(bufs [][]byte, seg int, dst netip.AddrPort) error {
+	s.iov = s.iov[:0]
+	total := 0
+	for _, b := range bufs {
+		if len(b) > 0 {
+			s.iov = append(s.iov, unix.Iovec{Base: &b[0]})
+			s.iov[len(s.iov)-1].SetLen(len(b))
+			total += len(b)
+		}
+	}
+	if total == 0 {
 		return nil
 	}
 	n := s.setAddr(dst)
-	s.iov.Base = &b[0]
-	s.iov.SetLen(len(b))
-	s.msg = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&s.sa)), Namelen: uint32(n), Iov: &s.iov, Iovlen: 1}
-	if seg != 0 && seg < len(b) {
+	s.msg = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&s.sa)), Namelen: uint32(n), Iov: &s.iov[0]}
+	s.msg.SetIovlen(len(s.iov))
+	if seg != 0 && seg < total {
 		h := (*unix.Cmsghdr)(unsafe.Pointer(&s.oob[0]))
 		h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
 		h.SetLen(unix.CmsgLen(2))

@@ -64,20 +64,29 @@ func (o Opcode) HeaderLen() int {
 	return n
 }
 
-// padLen is the number of bytes that pad a payload to a multiple of four.
-func padLen(n int) int { return (4 - n%4) % 4 }
+// PadLen is how many bytes of pad follow a payload of n bytes.
+func PadLen(n int) int { return (4 - n%4) % 4 }
 
 // Len is the length of the packet's transport part with its ICRC: what a
 // RoCEv2 UDP datagram carries.
 func (p *Packet) Len() int {
-	return p.Opcode.HeaderLen() + len(p.Payload) + padLen(len(p.Payload)) + ICRCLen
+	return p.Opcode.HeaderLen() + len(p.Payload) + PadLen(len(p.Payload)) + ICRCLen
 }
 
 // AppendTransport appends the packet's headers, payload and pad (zeros) to
 // b, without the ICRC. The pad count in the BTH is derived from the payload.
 func (p *Packet) AppendTransport(b []byte) []byte {
+	b = p.AppendHeaders(b)
+	b = append(b, p.Payload...)
+	return append(b, make([]byte, PadLen(len(p.Payload)))...)
+}
+
+// AppendHeaders appends the transport headers of p (BTH and the extension
+// headers of its opcode) as AppendTransport does, for a caller that places
+// the payload and its pad after them itself.
+func (p *Packet) AppendHeaders(b []byte) []byte {
 	o := p.Opcode
-	pad := padLen(len(p.Payload))
+	pad := PadLen(len(p.Payload))
 	var bth [BTHLen]byte
 	bth[0] = byte(o)
 	bth[1] = byte(pad)<<4 | p.TVer&0xf
@@ -122,13 +131,13 @@ func (p *Packet) AppendTransport(b []byte) []byte {
 	if o.HasImm() || o.HasIETH() {
 		b = binary.BigEndian.AppendUint32(b, p.Imm)
 	}
-	b = append(b, p.Payload...)
-	return append(b, make([]byte, pad)...)
+	return b
 }
 
 // ParseTransport decodes a packet's transport part (headers, payload and
-// pad, without the ICRC) into p. p.Payload aliases b; p.Storage is kept. It validates the
-// opcode, the header version and the lengths, and nothing else.
+// pad, without the ICRC) into p. p.Payload aliases b; p.Storage is kept.
+// It validates the opcode, the header version and the lengths, and nothing
+// else.
 func ParseTransport(b []byte, p *Packet) error {
 	if len(b) < BTHLen {
 		return ErrShort

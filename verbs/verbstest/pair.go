@@ -302,6 +302,7 @@ type Options struct {
 	MTU      verbs.MTU // path MTU (default 1024)
 	Timeout  uint8     // the QPs' transport timeout (default 14: 67 ms)
 	RetryCnt uint8     // default 7
+	Channel  bool      // give the CQs a completion channel (CQ.Channel)
 }
 
 // Connect makes a connected RC pair on env, each side with a registered
@@ -326,6 +327,7 @@ func ConnectWith(tb testing.TB, env Env, bufSize int, opt Options) (a, b Endpoin
 	if opt.RetryCnt != 0 {
 		o.retryCnt = opt.RetryCnt
 	}
+	o.channel = opt.Channel
 	p := newPair(tb, env, o)
 	ep := func(s *side) Endpoint {
 		return Endpoint{Ctx: s.ctx, PD: s.pd, CQ: s.cq, Buf: s.buf, MR: s.mr, QP: s.qp}
