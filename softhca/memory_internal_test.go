@@ -1,0 +1,47 @@
+package softhca
+
+import (
+	"unsafe"
+
+	"github.com/xrcrun/xrc/internal/mlx4hw"
+)
+
+// QPBytes is the Go heap the device holds for its QPs, per QP: each qp
+// object and the buffers and WQE records it owns (capacities, not
+// lengths). The device's QP table and the clients' handle maps are not
+// counted. For BenchmarkQPScaling.
+func (d *Device) QPBytes() float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	total, n := 0, 0
+	for _, q := range d.qps {
+		n++
+		total += q.heapBytes()
+	}
+	if n == 0 {
+		return 0
+	}
+	return float64(total) / float64(n)
+}
+
+// heapBytes counts a QP's object and what it owns.
+func (q *qp) heapBytes() int {
+	const ptr = int(unsafe.Sizeof(uintptr(0)))
+	swqe := func(w *swqe) int {
+		return int(unsafe.Sizeof(*w)) + cap(w.w.SG)*int(unsafe.Sizeof(mlx4hw.DataSeg{})) +
+			cap(w.w.Inline) + cap(w.sg)*int(unsafe.Sizeof(lsge{}))
+	}
+	n := int(unsafe.Sizeof(*q))
+	r := &q.req
+	n += cap(r.qbuf)*ptr + cap(r.spare)*ptr
+	for _, w := range r.q {
+		n += swqe(w)
+	}
+	for _, w := range r.spare {
+		n += swqe(w)
+	}
+	s := &q.resp
+	n += cap(s.recvSG)*int(unsafe.Sizeof(lsge{})) + cap(s.scratch)*int(unsafe.Sizeof(mlx4hw.DataSeg{})) +
+		cap(s.readBuf)*ptr // the resources are in the qp object
+	return n
+}
