@@ -50,6 +50,11 @@ type engine struct {
 	timers   timerHeap
 	timer    Timer
 	timerAt  time.Time
+	// now is the device clock, read once at the start of each round: every
+	// time the data path needs (timer deadlines, round-trip samples, RNR
+	// waits) is taken from it, so a round reads the clock once however
+	// many messages it moves.
+	now time.Time
 }
 
 // doorbell is a UAR write of a client.
@@ -155,7 +160,10 @@ const pollBudget = 64
 
 func (e *engine) loop() {
 	defer close(e.done)
-	idleSince := time.Now()
+	// idleSince is when the engine found nothing to do after its last
+	// work; zero while it works, so that a busy engine reads no clock for
+	// it.
+	var idleSince time.Time
 	for {
 		e.pending.Store(false)
 		e.qmu.Lock()
@@ -173,15 +181,20 @@ func (e *engine) loop() {
 		e.flushOut()
 
 		if worked {
-			idleSince = time.Now()
+			idleSince = time.Time{}
 			continue
 		}
 		if e.pending.Load() {
 			continue
 		}
-		if e.spin > 0 && time.Since(idleSince) < e.spin {
-			runtime.Gosched()
-			continue
+		if e.spin > 0 {
+			if idleSince.IsZero() {
+				idleSince = time.Now()
+			}
+			if time.Since(idleSince) < e.spin {
+				runtime.Gosched()
+				continue
+			}
 		}
 		e.sleeping.Store(true)
 		e.d.link.idle()
@@ -197,7 +210,7 @@ func (e *engine) loop() {
 		}
 		e.sleeping.Store(false)
 		e.setRingsSleeping(false)
-		idleSince = time.Now()
+		idleSince = time.Time{}
 	}
 }
 
@@ -206,6 +219,8 @@ func (e *engine) loop() {
 // anything to do. Caller holds d.mu.
 func (e *engine) round() bool {
 	d := e.d
+	e.now = d.clock.Now()
+	now := e.now
 	worked := len(e.bellWork) > 0 || len(e.rxWork) > 0
 	for i := range e.bellWork {
 		b := &e.bellWork[i]
@@ -228,12 +243,8 @@ func (e *engine) round() bool {
 		d.receive(p)
 		e.rxWork[i] = nil
 	}
-	now := d.clock.Now()
-	for len(e.timers) > 0 && !e.timers[0].req.timerAt.After(now) {
-		q := heap.Pop(&e.timers).(*qp)
-		q.req.timerAt = time.Time{}
+	if e.fireTimers(now) {
 		worked = true
-		d.timeout(q, now)
 	}
 	for len(e.runq) > 0 {
 		worked = true
@@ -289,7 +300,10 @@ const errPoll = time.Millisecond
 func (e *engine) armTimer(now time.Time) {
 	var at time.Time
 	if len(e.timers) > 0 {
-		at = e.timers[0].req.timerAt
+		// The earliest entry of the heap: no QP's timer fires before it
+		// (it may fire later, or not at all: the round that finds it due
+		// sorts that out).
+		at = e.timers[0].req.heapAt
 	}
 	if len(e.errq) > 0 && (at.IsZero() || at.After(now.Add(errPoll))) {
 		at = now.Add(errPoll)
@@ -308,19 +322,62 @@ func (e *engine) armTimer(now time.Time) {
 	}
 }
 
-// setTimer (re)starts a QP's requester timer; a zero time cancels it. A QP
-// is in the heap at most once. Caller holds d.mu.
+// setTimer (re)starts a QP's requester timer; a zero time cancels it.
+// Caller holds d.mu.
+//
+// The heap is updated lazily, since the data path moves a timer on every
+// message (armed when a request goes out, moved or cancelled when its
+// acknowledgement comes): a QP is in the heap at most once, queued at
+// heapAt, which is never later than its deadline timerAt. Cancelling or
+// moving the deadline later leaves the heap alone; the round that finds
+// the entry due drops it or queues it again at the new deadline. Only a
+// deadline earlier than the queued one touches the heap.
 func (e *engine) setTimer(q *qp, at time.Time) {
 	r := &q.req
 	r.timerAt = at
 	switch {
-	case at.IsZero() && r.heapIdx >= 0:
-		heap.Remove(&e.timers, r.heapIdx)
 	case at.IsZero():
-	case r.heapIdx >= 0:
-		heap.Fix(&e.timers, r.heapIdx)
-	default:
+	case r.heapIdx < 0:
+		r.heapAt = at
 		heap.Push(&e.timers, q)
+	case at.Before(r.heapAt):
+		r.heapAt = at
+		heap.Fix(&e.timers, r.heapIdx)
+	}
+}
+
+// fireTimers runs the timers due at now, and drops or queues again the
+// heap entries of timers cancelled or moved later. It reports whether a
+// timer fired. Caller holds d.mu.
+func (e *engine) fireTimers(now time.Time) bool {
+	fired := false
+	for len(e.timers) > 0 && !e.timers[0].req.heapAt.After(now) {
+		q := e.timers[0]
+		r := &q.req
+		switch {
+		case r.timerAt.IsZero(): // cancelled since it was queued
+			heap.Pop(&e.timers)
+		case r.timerAt.After(now): // moved later since it was queued
+			r.heapAt = r.timerAt
+			heap.Fix(&e.timers, 0)
+		default:
+			heap.Pop(&e.timers)
+			r.timerAt = time.Time{}
+			fired = true
+			e.d.timeout(q, now)
+		}
+	}
+	return fired
+}
+
+// cancelTimer stops a QP's timer and takes it out of the heap at once,
+// for a QP that is reset, fails or goes away: the heap holds no QP that
+// has no use for it. Caller holds d.mu.
+func (e *engine) cancelTimer(q *qp) {
+	r := &q.req
+	r.timerAt = time.Time{}
+	if r.heapIdx >= 0 {
+		heap.Remove(&e.timers, r.heapIdx)
 	}
 }
 
@@ -372,11 +429,11 @@ func (d *Device) transmit(ps []*roce.Packet) {
 	d.link.sendBatch(ps)
 }
 
-// timerHeap orders the QPs whose timer is set by when it fires.
+// timerHeap orders the QPs whose timer is queued by heapAt.
 type timerHeap []*qp
 
 func (h timerHeap) Len() int           { return len(h) }
-func (h timerHeap) Less(i, j int) bool { return h[i].req.timerAt.Before(h[j].req.timerAt) }
+func (h timerHeap) Less(i, j int) bool { return h[i].req.heapAt.Before(h[j].req.heapAt) }
 func (h timerHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].req.heapIdx, h[j].req.heapIdx = i, j

@@ -3,8 +3,6 @@
 package softhca
 
 import (
-	"time"
-
 	"github.com/xrcrun/xrc/internal/mlx4abi"
 	"github.com/xrcrun/xrc/internal/mlx4hw"
 	"github.com/xrcrun/xrc/internal/qpstate"
@@ -194,7 +192,7 @@ func (d *Device) cmdDestroyQP(r *request) ([]byte, error) {
 func (d *Device) destroyQP(q *qp) {
 	q.destroyed = true
 	d.eng.watchErr(q)
-	d.eng.setTimer(q, time.Time{})
+	d.eng.cancelTimer(q)
 	q.req.reset()
 	q.resp.reset()
 	delete(d.qps, q.num)
@@ -367,7 +365,7 @@ func (d *Device) setState(q *qp, next qpstate.State) {
 	d.eng.watchErr(q)
 	switch next {
 	case qpstate.Reset:
-		d.eng.setTimer(q, time.Time{})
+		d.eng.cancelTimer(q)
 		q.req.reset()
 		q.resp.reset()
 		q.rqTook = 0

@@ -77,6 +77,7 @@ type requester struct {
 	rnrLeft   uint8 // RNR retries left
 	rnrUntil  time.Time
 	timerAt   time.Time // when the QP's timer fires; zero when not set
+	heapAt    time.Time // when the QP is queued in the engine's timer heap: at or before timerAt
 	heapIdx   int       // the QP's place in the engine's timer heap, -1 when absent
 	drainSent bool
 	spare     []*swqe
@@ -87,7 +88,7 @@ func (r *requester) reset() {
 		r.free(w)
 	}
 	clear(r.q)
-	*r = requester{spare: r.spare, q: r.qbuf[:0], qbuf: r.qbuf, heapIdx: r.heapIdx}
+	*r = requester{spare: r.spare, q: r.qbuf[:0], qbuf: r.qbuf, heapIdx: r.heapIdx, heapAt: r.heapAt}
 }
 
 // push appends a fetched WQE. When q has reached the end of its array and
@@ -214,7 +215,7 @@ func (d *Device) pump(q *qp) {
 	default:
 		return // WQEs posted before RTS wait for it
 	}
-	now := d.clock.Now()
+	now := d.eng.now
 	if !r.rnrUntil.IsZero() && now.Before(r.rnrUntil) {
 		return
 	}
@@ -357,7 +358,7 @@ func (d *Device) sendRequest(q *qp, w *swqe, k uint32) bool {
 	} else {
 		r.high = (p.PSN + 1) & roce.PSNMask
 		if !r.probing { // time a packet sent once (Karn's rule)
-			r.probing, r.probePSN, r.probeAt = true, p.PSN, d.clock.Now()
+			r.probing, r.probePSN, r.probeAt = true, p.PSN, d.eng.now
 		}
 	}
 	first, last := k == 0, k == w.npkts-1
@@ -540,7 +541,7 @@ func (d *Device) onAck(q *qp, p *roce.Packet) {
 			r.rnrLeft--
 		}
 		d.rewind(q, p.PSN)
-		r.rnrUntil = d.clock.Now().Add(rnrDelay(p.Syndrome & 0x1f))
+		r.rnrUntil = d.eng.now.Add(rnrDelay(p.Syndrome & 0x1f))
 		d.eng.setTimer(q, r.rnrUntil)
 	case roce.AETHNak:
 		d.acked(q, (p.PSN-1)&roce.PSNMask)
@@ -616,7 +617,7 @@ func (d *Device) acked(q *qp, psn uint32) {
 		progress = true
 		if r.probing && roce.PSNDiff(psn, r.probePSN) >= 0 {
 			r.probing = false
-			r.sampleRTT(d.clock.Now().Sub(r.probeAt))
+			r.sampleRTT(d.eng.now.Sub(r.probeAt))
 		}
 	}
 	if progress {
@@ -625,7 +626,7 @@ func (d *Device) acked(q *qp, psn uint32) {
 		if len(r.q) == 0 || q.timeout == 0 {
 			d.eng.setTimer(q, time.Time{})
 		} else if r.rnrUntil.IsZero() {
-			d.eng.setTimer(q, d.clock.Now().Add(d.rto(q)))
+			d.eng.setTimer(q, d.eng.now.Add(d.rto(q)))
 		}
 	}
 }
@@ -680,7 +681,7 @@ func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
 	// Each response in order is progress: the retries start over.
 	r.retries = q.retryCnt
 	if q.timeout != 0 {
-		d.eng.setTimer(q, d.clock.Now().Add(d.rto(q)))
+		d.eng.setTimer(q, d.eng.now.Add(d.rto(q)))
 	}
 	n := uint32(len(p.Payload))
 	last := p.Opcode.IsLast()

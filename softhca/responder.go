@@ -4,7 +4,6 @@ package softhca
 
 import (
 	"slices"
-	"time"
 
 	"github.com/xrcrun/xrc/internal/mlx4hw"
 	"github.com/xrcrun/xrc/internal/qpstate"
@@ -531,7 +530,7 @@ func (d *Device) flush(q *qp) {
 	}
 	clear(r.q)
 	r.q, r.sendIdx, r.rdAtomic = r.qbuf[:0], 0, 0
-	d.eng.setTimer(q, time.Time{})
+	d.eng.cancelTimer(q)
 	d.flushPosted(q)
 	s := &q.resp
 	if s.hasRecv {
