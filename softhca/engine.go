@@ -47,6 +47,7 @@ type engine struct {
 	readNext []*qp          // the other half of readq's double buffer
 	errq     []*qp          // QPs in the error state with a receive queue to flush
 	faults   *faulter
+	pkts     pktCache // used by the engine goroutine only
 	timers   timerHeap
 	timer    Timer
 	timerAt  time.Time
@@ -160,6 +161,7 @@ const pollBudget = 64
 
 func (e *engine) loop() {
 	defer close(e.done)
+	defer e.pkts.spill(len(e.pkts.free))
 	// idleSince is when the engine found nothing to do after its last
 	// work; zero while it works, so that a busy engine reads no clock for
 	// it.
@@ -405,20 +407,21 @@ func (e *engine) send(p *roce.Packet) {
 }
 
 func (e *engine) flushOut() {
-	e.d.transmit(e.out)
+	e.d.transmit(e.out, &e.pkts)
 	clear(e.out)
 	e.out = e.out[:0]
 }
 
 // transmit puts packets on the link, in order, or drops them if the port
-// is down. It takes their ownership.
-func (d *Device) transmit(ps []*roce.Packet) {
+// is down. It takes their ownership; the packets it frees go to c, the
+// packet cache of the calling goroutine (nil: the shared pool).
+func (d *Device) transmit(ps []*roce.Packet, c *pktCache) {
 	if len(ps) == 0 {
 		return
 	}
 	if !d.portUp.Load() { // nothing leaves a port that is down
 		for _, p := range ps {
-			putPacket(p)
+			c.put(p)
 		}
 		return
 	}
@@ -426,7 +429,7 @@ func (d *Device) transmit(ps []*roce.Packet) {
 	for _, p := range ps {
 		d.counters.XmitData.Add(uint64(len(p.Payload)))
 	}
-	d.link.sendBatch(ps)
+	d.link.sendBatch(ps, c)
 }
 
 // timerHeap orders the QPs whose timer is queued by heapAt.
@@ -455,13 +458,23 @@ func (h *timerHeap) Pop() any {
 // The packet pool: packets carry up to 4096 bytes of payload. Unlike a
 // sync.Pool it survives garbage collections, so a steady stream of traffic
 // allocates nothing; it keeps at most poolMax packets.
+//
+// Each engine keeps a cache of its own in front of it (pktCache), so that
+// the data path takes no lock per packet: packets travel from one device's
+// engine to another's, so a cache that runs empty takes a batch from the
+// shared pool, and one that overflows gives a batch back. Goroutines other
+// than an engine's (timers sending delayed packets) use the shared pool.
 var packets struct {
 	mu   sync.Mutex
 	free []*roce.Packet
 }
 
-const poolMax = 4096
+const (
+	poolMax    = 4096
+	cacheBatch = 64 // packets an engine's cache exchanges with the pool at once
+)
 
+// getPacket takes a packet from the shared pool.
 func getPacket() *roce.Packet {
 	packets.mu.Lock()
 	var p *roce.Packet
@@ -472,17 +485,87 @@ func getPacket() *roce.Packet {
 	}
 	packets.mu.Unlock()
 	if p == nil {
-		return &roce.Packet{Payload: make([]byte, 0, 4096)}
+		return newPooledPacket()
 	}
-	buf := p.Payload[:0]
-	*p = roce.Packet{Payload: buf}
-	return p
+	return resetPacket(p)
 }
 
+// putPacket returns a packet to the shared pool.
 func putPacket(p *roce.Packet) {
 	packets.mu.Lock()
 	if len(packets.free) < poolMax {
 		packets.free = append(packets.free, p)
 	}
 	packets.mu.Unlock()
+}
+
+func newPooledPacket() *roce.Packet { return &roce.Packet{Payload: make([]byte, 0, 4096)} }
+
+// resetPacket clears a packet taken from a free list, keeping its buffer.
+func resetPacket(p *roce.Packet) *roce.Packet {
+	buf := p.Payload[:0]
+	*p = roce.Packet{Payload: buf}
+	return p
+}
+
+// pktCache is an engine's own free list of packets, in front of the shared
+// pool. Only the engine's goroutine uses it. A nil cache is the shared
+// pool.
+type pktCache struct {
+	free []*roce.Packet
+}
+
+// get returns a cleared packet.
+func (c *pktCache) get() *roce.Packet {
+	if c == nil {
+		return getPacket()
+	}
+	if len(c.free) == 0 {
+		c.refill()
+	}
+	n := len(c.free)
+	if n == 0 {
+		return newPooledPacket()
+	}
+	p := c.free[n-1]
+	c.free[n-1] = nil
+	c.free = c.free[:n-1]
+	return resetPacket(p)
+}
+
+// put takes a packet back. The cache keeps up to 2*cacheBatch packets and
+// gives the older half back to the shared pool when it has more.
+func (c *pktCache) put(p *roce.Packet) {
+	if c == nil {
+		putPacket(p)
+		return
+	}
+	if len(c.free) >= 2*cacheBatch {
+		c.spill(cacheBatch)
+	}
+	c.free = append(c.free, p)
+}
+
+// refill takes up to cacheBatch packets from the shared pool.
+func (c *pktCache) refill() {
+	packets.mu.Lock()
+	n := min(len(packets.free), cacheBatch)
+	rest := len(packets.free) - n
+	c.free = append(c.free, packets.free[rest:]...)
+	clear(packets.free[rest:])
+	packets.free = packets.free[:rest]
+	packets.mu.Unlock()
+}
+
+// spill gives n packets (the ones longest in the cache) to the shared
+// pool, which drops those beyond poolMax.
+func (c *pktCache) spill(n int) {
+	n = min(n, len(c.free))
+	packets.mu.Lock()
+	room := max(poolMax-len(packets.free), 0)
+	packets.free = append(packets.free, c.free[:min(n, room)]...)
+	packets.mu.Unlock()
+	k := copy(c.free, c.free[n:])
+	clear(c.free[k:])
+	c.free = c.free[:k]
 }

@@ -379,7 +379,7 @@ func (d *Device) sendRequest(q *qp, w *swqe, k uint32) bool {
 		}
 		p.Payload = p.Payload[:n]
 		if !d.gather(w, off, p.Payload) {
-			putPacket(p)
+			d.eng.pkts.put(p)
 			d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
 			return false
 		}
@@ -441,9 +441,10 @@ func messageOpcode(send, first, last, imm bool) roce.Opcode {
 	return roce.WriteMiddle
 }
 
-// newPacket returns a packet addressed to the QP's peer.
+// newPacket returns a packet addressed to the QP's peer, from the engine's
+// packet cache: only the engine goroutine builds packets.
 func (d *Device) newPacket(q *qp) *roce.Packet {
-	p := getPacket()
+	p := d.eng.pkts.get()
 	p.SrcGID = d.gid
 	p.DstGID = q.ah.DGID
 	p.DestQP = q.destQPN

@@ -68,9 +68,10 @@ func (s *responder) reset() {
 func (s *responder) start(q *qp) { s.epsn = q.rqPSN }
 
 // receive dispatches a packet delivered to the device. It owns p and
-// returns it to the pool. Caller holds d.mu.
+// returns it to the engine's packet cache. Caller holds d.mu and is the
+// engine goroutine.
 func (d *Device) receive(p *roce.Packet) {
-	defer putPacket(p)
+	defer d.eng.pkts.put(p)
 	if !d.portUp.Load() {
 		return // lost on a port that is down
 	}
@@ -440,7 +441,7 @@ func (d *Device) sendReads(q *qp) bool {
 			// request came (or since the duplicate asking for it again).
 			m, ok := d.remoteMR(q, r.rkey, r.va, uint64(r.length), accRemoteRead)
 			if !ok || !m.read(r.va+uint64(off), p.Payload) {
-				putPacket(p)
+				d.eng.pkts.put(p)
 				d.fatal(q, &roce.Packet{PSN: p.PSN}, roce.NakRemoteAccess)
 				return false
 			}

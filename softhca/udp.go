@@ -92,7 +92,7 @@ func (l *udpLink) close() error {
 // addresses every packet is a datagram of its own: the kernel would number
 // the IPv4 identification of GSO segments, which the ICRC covers, and a
 // RoCE NIC on the other end would then reject them.
-func (l *udpLink) sendBatch(ps []*roce.Packet) {
+func (l *udpLink) sendBatch(ps []*roce.Packet, c *pktCache) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i := 0; i < len(ps); {
@@ -122,7 +122,7 @@ func (l *udpLink) sendBatch(ps []*roce.Packet) {
 		}
 		l.wbuf = b
 		for _, p := range ps[i:j] {
-			putPacket(p)
+			c.put(p)
 		}
 		i = j
 	}
@@ -200,8 +200,9 @@ func (l *udpLink) poll(out []*roce.Packet, max int) []*roce.Packet {
 	return out
 }
 
-// parse checks a datagram and decodes it into a packet from the pool, or
-// counts it as an error and returns nil.
+// parse checks a datagram and decodes it into a packet from the engine's
+// packet cache (poll runs on the engine goroutine), or counts it as an
+// error and returns nil.
 func (l *udpLink) parse(b []byte, from netip.AddrPort) *roce.Packet {
 	if !from.IsValid() || len(b) < roce.BTHLen+roce.ICRCLen {
 		l.d.counters.RcvErrors.Add(1)
@@ -214,12 +215,13 @@ func (l *udpLink) parse(b []byte, from netip.AddrPort) *roce.Packet {
 		l.d.counters.RcvICRCErrors.Add(1)
 		return nil
 	}
-	p := getPacket()
+	pkts := &l.d.eng.pkts
+	p := pkts.get()
 	payload := p.Payload
 	if err := roce.ParseTransport(tr, p); err != nil || len(p.Payload) > 4096 {
 		l.d.counters.RcvErrors.Add(1)
 		p.Payload = payload
-		putPacket(p)
+		pkts.put(p)
 		return nil
 	}
 	p.Payload = append(payload[:0], p.Payload...)
