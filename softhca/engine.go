@@ -228,7 +228,7 @@ func (e *engine) round() bool {
 		b := &e.bellWork[i]
 		switch b.off {
 		case mlx4hw.UARSendDoorbell:
-			q := d.qps[uint32(b.v)>>8]
+			q := d.qps.get(uint32(b.v) >> 8)
 			if q == nil || q.client != b.c {
 				d.counters.BadDoorbells.Add(1)
 				break

@@ -14,7 +14,7 @@ func (d *Device) QPBytes() float64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	total, n := 0, 0
-	for _, q := range d.qps {
+	for q := range d.qps.all {
 		n++
 		total += q.heapBytes()
 	}

@@ -95,7 +95,7 @@ func (d *Device) cmdCreateQP(r *request) ([]byte, error) {
 		req.MaxRecvSGE > maxSGE || req.MaxInlineData > maxInline {
 		return nil, unix.Errorf(unix.EINVAL, "qp capabilities beyond the device's (%d WRs, %d SGEs, %d inline bytes)", maxQPWR, maxSGE, maxInline)
 	}
-	if len(d.qps) >= maxQP {
+	if d.qps.len() >= maxQP {
 		return nil, unix.Error(unix.ENOMEM, "too many QPs")
 	}
 	q := &qp{typ: typ, state: qpstate.Reset, client: c, userHandle: req.UserHandle, pd: p,
@@ -143,7 +143,7 @@ func (d *Device) cmdCreateQP(r *request) ([]byte, error) {
 	}
 	q.req.heapIdx = -1
 	q.num = d.allocQPN()
-	d.qps[q.num] = q
+	d.qps.add(q)
 	p.usecnt++
 	scq.usecnt++
 	rcq.usecnt++
@@ -164,7 +164,7 @@ func (d *Device) allocQPN() uint32 {
 		if d.nextQPN >= 1<<23 {
 			d.nextQPN = firstQPN
 		}
-		if _, used := d.qps[n]; !used {
+		if d.qps.get(n) == nil {
 			return n
 		}
 	}
@@ -195,7 +195,7 @@ func (d *Device) destroyQP(q *qp) {
 	d.eng.cancelTimer(q)
 	q.req.reset()
 	q.resp.reset()
-	delete(d.qps, q.num)
+	d.qps.remove(q.num, d.nextQPN)
 	q.pd.usecnt--
 	q.scq.usecnt--
 	q.rcq.usecnt--

@@ -78,7 +78,7 @@ func (d *Device) receive(p *roce.Packet) {
 	d.counters.RcvPackets.Add(1)
 	d.counters.RcvData.Add(uint64(len(p.Payload)))
 	op := p.Opcode
-	q := d.qps[p.DestQP]
+	q := d.qps.get(p.DestQP)
 	if !op.Valid() || op.Transport() != roce.TransportRC || q == nil || q.ah.DGID != p.SrcGID {
 		d.counters.RcvErrors.Add(1)
 		if d.debug {
