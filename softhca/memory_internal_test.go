@@ -42,6 +42,6 @@ func (q *qp) heapBytes() int {
 	}
 	s := &q.resp
 	n += cap(s.recvSG)*int(unsafe.Sizeof(lsge{})) + cap(s.scratch)*int(unsafe.Sizeof(mlx4hw.DataSeg{})) +
-		cap(s.readBuf)*ptr // the resources are in the qp object
+		cap(s.readBuf)*ptr + cap(s.res)*int(unsafe.Sizeof(resource{}))
 	return n
 }

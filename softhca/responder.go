@@ -10,10 +10,6 @@ import (
 	"github.com/xrcrun/xrc/softhca/roce"
 )
 
-// maxResources is how many READ and atomic requests a responder remembers
-// for answering duplicates.
-const maxResources = 64
-
 // readBudget is how many READ response packets a QP sends in one round of
 // the engine: a large READ streams over many rounds instead of being built
 // all at once.
@@ -52,8 +48,11 @@ type responder struct {
 	wlen    uint32
 	off     uint32 // bytes received
 
-	res     [maxResources]resource
-	resNext int
+	// The READ and atomic requests executed, remembered for answering
+	// duplicates: a ring of max_dest_rd_atomic entries (at least one), made
+	// when the first such request comes, since most QPs never see one.
+	res     []resource
+	resNext int         // the ring's oldest entry, the next to reuse
 	reads   []*resource // READs whose responses are being sent, in order
 	readBuf []*resource // the array reads lives in
 	queued  bool        // in the engine's list of QPs with responses to send
@@ -62,7 +61,8 @@ type responder struct {
 
 func (s *responder) reset() {
 	clear(s.reads)
-	*s = responder{recvSG: s.recvSG[:0], scratch: s.scratch[:0], reads: s.readBuf[:0], readBuf: s.readBuf}
+	clear(s.res)
+	*s = responder{recvSG: s.recvSG[:0], scratch: s.scratch[:0], reads: s.readBuf[:0], readBuf: s.readBuf, res: s.res}
 }
 
 func (s *responder) start(q *qp) { s.epsn = q.rqPSN }
@@ -381,12 +381,33 @@ func (d *Device) recvAtomic(q *qp, p *roce.Packet) {
 // max_rd_atomic gets this far ahead) stops.
 func (d *Device) remember(q *qp) *resource {
 	s := &q.resp
+	if want := max(int(q.maxDestRdAtomic), 1); len(s.res) < want {
+		s.growResources(want)
+	}
 	r := &s.res[s.resNext]
-	s.resNext = (s.resNext + 1) % maxResources
+	s.resNext = (s.resNext + 1) % len(s.res)
 	if r.queued {
 		s.reads = slices.DeleteFunc(s.reads, func(x *resource) bool { return x == r })
 	}
 	return r
+}
+
+// growResources makes the ring of resources n entries long (the first READ
+// or atomic, or max_dest_rd_atomic raised since). The entries keep their
+// order, oldest first, and the READs queued follow theirs.
+func (s *responder) growResources(n int) {
+	old := s.res
+	res := make([]resource, n)
+	for i := range old {
+		j := (s.resNext + i) % len(old)
+		res[i] = old[j]
+		for k, r := range s.reads {
+			if r == &old[j] {
+				s.reads[k] = &res[i]
+			}
+		}
+	}
+	s.res, s.resNext = res, len(old)
 }
 
 // queueRead schedules the responses of a READ from PSN from.
