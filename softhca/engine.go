@@ -48,6 +48,7 @@ type engine struct {
 	errq     []*qp          // QPs in the error state with a receive queue to flush
 	faults   *faulter
 	pkts     pktCache // used by the engine goroutine only
+	wqes     wqePool  // guarded by d.mu
 	timers   timerHeap
 	timer    Timer
 	timerAt  time.Time

@@ -8,8 +8,8 @@ import (
 
 // QPBytes is the Go heap the device holds for its QPs, per QP: each qp
 // object and the buffers and WQE records it owns (capacities, not
-// lengths). The device's QP table and the clients' handle maps are not
-// counted. For BenchmarkQPScaling.
+// lengths), the device's QP table, and the engine's free WQE records. The
+// clients' handle maps are not counted. For BenchmarkQPScaling.
 func (d *Device) QPBytes() float64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -21,27 +21,29 @@ func (d *Device) QPBytes() float64 {
 	if n == 0 {
 		return 0
 	}
+	total += d.qps.bytes() + cap(d.eng.wqes.free)*int(unsafe.Sizeof((*swqe)(nil)))
+	for _, w := range d.eng.wqes.free {
+		total += swqeBytes(w)
+	}
 	return float64(total) / float64(n)
 }
 
 // heapBytes counts a QP's object and what it owns.
 func (q *qp) heapBytes() int {
 	const ptr = int(unsafe.Sizeof(uintptr(0)))
-	swqe := func(w *swqe) int {
-		return int(unsafe.Sizeof(*w)) + cap(w.w.SG)*int(unsafe.Sizeof(mlx4hw.DataSeg{})) +
-			cap(w.w.Inline) + cap(w.sg)*int(unsafe.Sizeof(lsge{}))
-	}
 	n := int(unsafe.Sizeof(*q))
 	r := &q.req
-	n += cap(r.qbuf)*ptr + cap(r.spare)*ptr
+	n += cap(r.qbuf) * ptr
 	for _, w := range r.q {
-		n += swqe(w)
-	}
-	for _, w := range r.spare {
-		n += swqe(w)
+		n += swqeBytes(w)
 	}
 	s := &q.resp
 	n += cap(s.recvSG)*int(unsafe.Sizeof(lsge{})) + cap(s.scratch)*int(unsafe.Sizeof(mlx4hw.DataSeg{})) +
 		cap(s.readBuf)*ptr + cap(s.res)*int(unsafe.Sizeof(resource{}))
 	return n
+}
+
+func swqeBytes(w *swqe) int {
+	return int(unsafe.Sizeof(*w)) + cap(w.w.SG)*int(unsafe.Sizeof(mlx4hw.DataSeg{})) +
+		cap(w.w.Inline) + cap(w.sg)*int(unsafe.Sizeof(lsge{}))
 }

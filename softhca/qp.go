@@ -193,7 +193,7 @@ func (d *Device) destroyQP(q *qp) {
 	q.destroyed = true
 	d.eng.watchErr(q)
 	d.eng.cancelTimer(q)
-	q.req.reset()
+	q.req.reset(&d.eng.wqes)
 	q.resp.reset()
 	d.qps.remove(q.num, d.nextQPN)
 	q.pd.usecnt--
@@ -366,7 +366,7 @@ func (d *Device) setState(q *qp, next qpstate.State) {
 	switch next {
 	case qpstate.Reset:
 		d.eng.cancelTimer(q)
-		q.req.reset()
+		q.req.reset(&d.eng.wqes)
 		q.resp.reset()
 		q.rqTook = 0
 	case qpstate.RTR:

@@ -80,15 +80,16 @@ type requester struct {
 	heapAt    time.Time // when the QP is queued in the engine's timer heap: at or before timerAt
 	heapIdx   int       // the QP's place in the engine's timer heap, -1 when absent
 	drainSent bool
-	spare     []*swqe
 }
 
-func (r *requester) reset() {
+// reset forgets everything outstanding, giving the WQE records back to
+// pool.
+func (r *requester) reset(pool *wqePool) {
 	for _, w := range r.q {
-		r.free(w)
+		pool.put(w)
 	}
 	clear(r.q)
-	*r = requester{spare: r.spare, q: r.qbuf[:0], qbuf: r.qbuf, heapIdx: r.heapIdx, heapAt: r.heapAt}
+	*r = requester{q: r.qbuf[:0], qbuf: r.qbuf, heapIdx: r.heapIdx, heapAt: r.heapAt}
 }
 
 // push appends a fetched WQE. When q has reached the end of its array and
@@ -181,19 +182,34 @@ func (d *Device) rto(q *qp) time.Duration {
 	return max(ackTimeout(q.timeout), r.srtt+4*r.rttvar)
 }
 
-func (r *requester) alloc() *swqe {
-	if n := len(r.spare); n > 0 {
-		w := r.spare[n-1]
-		r.spare = r.spare[:n-1]
+// wqePool is an engine's free list of send WQE records, shared by the QPs
+// of the device. The records in use at a time are the WQEs outstanding, so
+// a few serve any number of QPs, and taking the one freed last keeps them
+// in the CPU's cache, however many QPs take turns. Guarded by d.mu.
+type wqePool struct {
+	free []*swqe
+}
+
+// wqePoolMax bounds the records a pool keeps; more are left to the
+// garbage collector.
+const wqePoolMax = 4096
+
+func (p *wqePool) get() *swqe {
+	if n := len(p.free); n > 0 {
+		w := p.free[n-1]
+		p.free[n-1] = nil
+		p.free = p.free[:n-1]
 		return w
 	}
 	return &swqe{}
 }
 
-func (r *requester) free(w *swqe) {
+func (p *wqePool) put(w *swqe) {
 	w.w.SG, w.w.Inline, w.sg = w.w.SG[:0], w.w.Inline[:0], w.sg[:0]
 	w.sent, w.rdGot, w.rdGap, w.done = 0, 0, false, false
-	r.spare = append(r.spare, w)
+	if len(p.free) < wqePoolMax {
+		p.free = append(p.free, w)
+	}
 }
 
 // sqOwned reports whether the client has posted the SQ slot at index i: its
@@ -269,7 +285,7 @@ func (d *Device) pump(q *qp) {
 func (d *Device) fetchPosted(q *qp) bool {
 	r := &q.req
 	for len(r.q) < maxOutstanding && sqOwned(q, r.head) {
-		w := r.alloc()
+		w := d.eng.wqes.get()
 		w.idx = r.head
 		r.head++
 		r.push(w)
@@ -644,7 +660,7 @@ func (d *Device) completeSend(q *qp, w *swqe) {
 	}
 	r.popFront()
 	r.sendIdx = max(r.sendIdx-1, 0)
-	r.free(w)
+	d.eng.wqes.put(w)
 }
 
 func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
@@ -810,13 +826,13 @@ func (d *Device) requestError(q *qp, w *swqe, syndrome uint8) {
 		old := r.q[0]
 		d.flushCQE(q.scq, q.num, old.idx, true)
 		r.popFront()
-		r.free(old)
+		d.eng.wqes.put(old)
 	}
 	e := mlx4hw.CQE{MyQPN: q.num, WQEIndex: uint16(w.idx), IsSend: true, Opcode: mlx4hw.CQEOpError, Syndrome: syndrome}
 	d.push(q.scq, &e, true)
 	if len(r.q) > 0 {
 		r.popFront()
-		r.free(w)
+		d.eng.wqes.put(w)
 	}
 	d.setState(q, qpstate.Err)
 }

@@ -548,7 +548,7 @@ func (d *Device) flush(q *qp) {
 	r := &q.req
 	for _, w := range r.q {
 		d.flushCQE(q.scq, q.num, w.idx, true)
-		r.free(w)
+		d.eng.wqes.put(w)
 	}
 	clear(r.q)
 	r.q, r.sendIdx, r.rdAtomic = r.qbuf[:0], 0, 0
