@@ -49,9 +49,12 @@ type engine struct {
 	faults   *faulter
 	pkts     pktCache // used by the engine goroutine only
 	wqes     wqePool  // guarded by d.mu
-	timers   timerHeap
-	timer    Timer
-	timerAt  time.Time
+	// sgScratch holds the SGEs of a receive WQE while the responder
+	// checks them (takeRecv); guarded by d.mu.
+	sgScratch []mlx4hw.DataSeg
+	timers    timerHeap
+	timer     Timer
+	timerAt   time.Time
 	// now is the device clock, read once at the start of each round: every
 	// time the data path needs (timer deadlines, round-trip samples, RNR
 	// waits) is taken from it, so a round reads the clock once however

@@ -38,8 +38,10 @@ func (q *qp) heapBytes() int {
 		n += swqeBytes(w)
 	}
 	s := &q.resp
-	n += cap(s.recvSG)*int(unsafe.Sizeof(lsge{})) + cap(s.scratch)*int(unsafe.Sizeof(mlx4hw.DataSeg{})) +
-		cap(s.readBuf)*ptr + cap(s.res)*int(unsafe.Sizeof(resource{}))
+	if cap(s.recvSG) > 0 && unsafe.SliceData(s.recvSG) != &s.recvSG1[0] {
+		n += cap(s.recvSG) * int(unsafe.Sizeof(lsge{}))
+	}
+	n += cap(s.readBuf)*ptr + cap(s.res)*int(unsafe.Sizeof(resource{}))
 	return n
 }
 

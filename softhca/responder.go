@@ -41,12 +41,13 @@ type responder struct {
 	isSend  bool
 	recvIdx uint32 // the receive WQE taken, for SENDs and writes with immediate
 	hasRecv bool
-	recvSG  []lsge
+	recvSG  []lsge // in recvSG1 while it has one entry
 	recvLen uint32
 	wm      *mr // RDMA WRITE: target region, address and length
 	wva     uint64
 	wlen    uint32
 	off     uint32 // bytes received
+	recvSG1 [1]lsge
 
 	// The READ and atomic requests executed, remembered for answering
 	// duplicates: a ring of max_dest_rd_atomic entries (at least one), made
@@ -56,13 +57,12 @@ type responder struct {
 	reads   []*resource // READs whose responses are being sent, in order
 	readBuf []*resource // the array reads lives in
 	queued  bool        // in the engine's list of QPs with responses to send
-	scratch []mlx4hw.DataSeg
 }
 
 func (s *responder) reset() {
 	clear(s.reads)
 	clear(s.res)
-	*s = responder{recvSG: s.recvSG[:0], scratch: s.scratch[:0], reads: s.readBuf[:0], readBuf: s.readBuf, res: s.res}
+	*s = responder{recvSG: s.recvSG[:0], reads: s.readBuf[:0], readBuf: s.readBuf, res: s.res}
 }
 
 func (s *responder) start(q *qp) { s.epsn = q.rqPSN }
@@ -279,15 +279,15 @@ func (d *Device) remoteMR(q *qp, rkey uint32, va, n uint64, need uint32) (*mr, b
 // checks completes in error and the QP fails.
 func (d *Device) takeRecv(q *qp, p *roce.Packet) bool {
 	s := &q.resp
-	s.scratch = s.scratch[:0]
+	sg := d.eng.sgScratch[:0]
 	var ok bool
 	pd := q.pd
 	if q.srq != nil {
-		s.recvIdx, s.scratch, ok = d.srqTake(q.srq, s.scratch)
+		s.recvIdx, sg, ok = d.srqTake(q.srq, sg)
 		pd = q.srq.pd
 	} else if uint16(mlx4hw.LoadBE32(q.rqDB))-uint16(q.rqTook) != 0 {
 		s.recvIdx = q.rqTook & (q.rq.cnt - 1)
-		s.scratch = mlx4hw.DecodeRecvSG(q.rq.slot(q.rqTook), q.rqGS, s.scratch)
+		sg = mlx4hw.DecodeRecvSG(q.rq.slot(q.rqTook), q.rqGS, sg)
 		q.rqTook++
 		ok = true
 	}
@@ -298,8 +298,12 @@ func (d *Device) takeRecv(q *qp, p *roce.Packet) bool {
 		return false
 	}
 	s.hasRecv = true
+	d.eng.sgScratch = sg[:0] // keeps what the decoding grew
+	if cap(s.recvSG) == 0 {
+		s.recvSG = s.recvSG1[:0]
+	}
 	s.recvSG, s.recvLen = s.recvSG[:0], 0
-	for _, g := range s.scratch {
+	for _, g := range sg {
 		if g.ByteCount == 0 {
 			continue
 		}
