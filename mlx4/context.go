@@ -39,8 +39,7 @@ type Context struct {
 	cqe    int // CQE size in bytes
 	vector uint32
 
-	qpMu sync.RWMutex
-	qps  map[uint32]*QP // guarded by qpMu: QPs by number, for CQ polling
+	qps qpTable // QPs by number, for CQ polling
 
 	db dbAllocator
 
@@ -56,7 +55,7 @@ func Open(k Kernel) (*Context, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Context{k: k, conn: conn, qps: map[uint32]*QP{}}
+	c := &Context{k: k, conn: conn}
 	if y, ok := k.(Yielder); ok {
 		c.yield = y.Yield
 	}
@@ -165,24 +164,9 @@ func (c *Context) QueryPort(port uint8) (verbs.PortAttr, error) {
 	return a, nil
 }
 
-func (c *Context) storeQP(qp *QP) {
-	c.qpMu.Lock()
-	c.qps[qp.qpn] = qp
-	c.qpMu.Unlock()
-}
-
-func (c *Context) forgetQP(qpn uint32) {
-	c.qpMu.Lock()
-	delete(c.qps, qpn)
-	c.qpMu.Unlock()
-}
-
-func (c *Context) findQP(qpn uint32) *QP {
-	c.qpMu.RLock()
-	qp := c.qps[qpn]
-	c.qpMu.RUnlock()
-	return qp
-}
+func (c *Context) storeQP(qp *QP)        { c.qps.store(qp) }
+func (c *Context) forgetQP(qpn uint32)   { c.qps.forget(qpn) }
+func (c *Context) findQP(qpn uint32) *QP { return c.qps.find(qpn) }
 
 // CreateCompChannel issues CREATE_COMP_CHANNEL.
 func (c *Context) CreateCompChannel() (verbs.ProviderChannel, error) {

@@ -162,7 +162,7 @@ func (d *Device) push(q *cq, e *mlx4hw.CQE, solicited bool) {
 // failCQUsers moves every QP that completes into q to the error state with
 // a QP fatal event: its completions have nowhere to go. Caller holds d.mu.
 func (d *Device) failCQUsers(q *cq) {
-	for _, p := range d.qps {
+	for p := range d.qps.all {
 		if (p.scq == q || p.rcq == q) && p.state != qpstate.Err && p.state != qpstate.Reset {
 			d.setState(p, qpstate.Err)
 			p.client.asyncEvent(p.userHandle, evQPFatal)

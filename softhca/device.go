@@ -127,7 +127,7 @@ type Device struct {
 	mrs     map[uint32]*mr // by key index (key >> 8)
 	cqs     map[uint32]*cq
 	srqs    map[uint32]*srq
-	qps     map[uint32]*qp
+	qps     qpTable
 	nextPDN uint32
 	nextMR  uint32
 	keyTag  uint8
@@ -178,7 +178,7 @@ func New(ctx context.Context, cfg Config) (*Device, error) {
 		debug:   log.Enabled(context.Background(), slog.LevelDebug),
 		clients: map[*Client]struct{}{},
 		pds:     map[uint32]*pd{}, mrs: map[uint32]*mr{}, cqs: map[uint32]*cq{},
-		srqs: map[uint32]*srq{}, qps: map[uint32]*qp{},
+		srqs:    map[uint32]*srq{},
 		nextPDN: 1, nextMR: 1, nextCQN: 1, nextSRQ: 1, nextQPN: firstQPN,
 	}
 	// The engine exists before the link, which may deliver at once; it
@@ -259,7 +259,7 @@ func (d *Device) Close() error {
 // HCA does: clients in other processes, whose queues outlive the device,
 // see their work complete with flush errors. Caller holds d.mu.
 func (d *Device) fail() {
-	for _, q := range d.qps {
+	for q := range d.qps.all {
 		if q.state == qpstate.Reset || q.destroyed {
 			continue
 		}
@@ -301,7 +301,7 @@ func (d *Device) Objects() Objects {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return Objects{Clients: len(d.clients), PDs: len(d.pds), MRs: len(d.mrs), CQs: len(d.cqs),
-		SRQs: len(d.srqs), QPs: len(d.qps)}
+		SRQs: len(d.srqs), QPs: d.qps.len()}
 }
 
 // mtuEnum converts an MTU in bytes to the IB enum (0 if invalid).

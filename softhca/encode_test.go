@@ -42,7 +42,7 @@ func TestEncodeInPlace(t *testing.T) {
 			if !bytes.Equal(inPlace, appended) {
 				t.Fatalf("%v/%d: in place % x\nappended % x", op, n, inPlace, appended)
 			}
-			got := receiver.parseDatagram(inPlace, netip.AddrPortFrom(src, l.txPort), new([48]byte))
+			got := receiver.parseDatagram(inPlace, netip.AddrPortFrom(src, l.txPort), new([48]byte), nil)
 			if got == nil {
 				t.Fatalf("%v/%d: receiver rejected the datagram", op, n)
 			}

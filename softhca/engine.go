@@ -47,9 +47,19 @@ type engine struct {
 	readNext []*qp          // the other half of readq's double buffer
 	errq     []*qp          // QPs in the error state with a receive queue to flush
 	faults   *faulter
-	timers   timerHeap
-	timer    Timer
-	timerAt  time.Time
+	pkts     pktCache // used by the engine goroutine only
+	wqes     wqePool  // guarded by d.mu
+	// sgScratch holds the SGEs of a receive WQE while the responder
+	// checks them (takeRecv); guarded by d.mu.
+	sgScratch []mlx4hw.DataSeg
+	timers    timerHeap
+	timer     Timer
+	timerAt   time.Time
+	// now is the device clock, read once at the start of each round: every
+	// time the data path needs (timer deadlines, round-trip samples, RNR
+	// waits) is taken from it, so a round reads the clock once however
+	// many messages it moves.
+	now time.Time
 }
 
 // doorbell is a UAR write of a client.
@@ -155,7 +165,11 @@ const pollBudget = 64
 
 func (e *engine) loop() {
 	defer close(e.done)
-	idleSince := time.Now()
+	defer e.pkts.spill(len(e.pkts.free))
+	// idleSince is when the engine found nothing to do after its last
+	// work; zero while it works, so that a busy engine reads no clock for
+	// it.
+	var idleSince time.Time
 	for {
 		e.pending.Store(false)
 		e.qmu.Lock()
@@ -173,15 +187,20 @@ func (e *engine) loop() {
 		e.flushOut()
 
 		if worked {
-			idleSince = time.Now()
+			idleSince = time.Time{}
 			continue
 		}
 		if e.pending.Load() {
 			continue
 		}
-		if e.spin > 0 && time.Since(idleSince) < e.spin {
-			runtime.Gosched()
-			continue
+		if e.spin > 0 {
+			if idleSince.IsZero() {
+				idleSince = time.Now()
+			}
+			if time.Since(idleSince) < e.spin {
+				runtime.Gosched()
+				continue
+			}
 		}
 		e.sleeping.Store(true)
 		e.d.link.idle()
@@ -197,7 +216,7 @@ func (e *engine) loop() {
 		}
 		e.sleeping.Store(false)
 		e.setRingsSleeping(false)
-		idleSince = time.Now()
+		idleSince = time.Time{}
 	}
 }
 
@@ -206,12 +225,14 @@ func (e *engine) loop() {
 // anything to do. Caller holds d.mu.
 func (e *engine) round() bool {
 	d := e.d
+	e.now = d.clock.Now()
+	now := e.now
 	worked := len(e.bellWork) > 0 || len(e.rxWork) > 0
 	for i := range e.bellWork {
 		b := &e.bellWork[i]
 		switch b.off {
 		case mlx4hw.UARSendDoorbell:
-			q := d.qps[uint32(b.v)>>8]
+			q := d.qps.get(uint32(b.v) >> 8)
 			if q == nil || q.client != b.c {
 				d.counters.BadDoorbells.Add(1)
 				break
@@ -228,12 +249,8 @@ func (e *engine) round() bool {
 		d.receive(p)
 		e.rxWork[i] = nil
 	}
-	now := d.clock.Now()
-	for len(e.timers) > 0 && !e.timers[0].req.timerAt.After(now) {
-		q := heap.Pop(&e.timers).(*qp)
-		q.req.timerAt = time.Time{}
+	if e.fireTimers(now) {
 		worked = true
-		d.timeout(q, now)
 	}
 	for len(e.runq) > 0 {
 		worked = true
@@ -289,7 +306,10 @@ const errPoll = time.Millisecond
 func (e *engine) armTimer(now time.Time) {
 	var at time.Time
 	if len(e.timers) > 0 {
-		at = e.timers[0].req.timerAt
+		// The earliest entry of the heap: no QP's timer fires before it
+		// (it may fire later, or not at all: the round that finds it due
+		// sorts that out).
+		at = e.timers[0].req.heapAt
 	}
 	if len(e.errq) > 0 && (at.IsZero() || at.After(now.Add(errPoll))) {
 		at = now.Add(errPoll)
@@ -308,19 +328,62 @@ func (e *engine) armTimer(now time.Time) {
 	}
 }
 
-// setTimer (re)starts a QP's requester timer; a zero time cancels it. A QP
-// is in the heap at most once. Caller holds d.mu.
+// setTimer (re)starts a QP's requester timer; a zero time cancels it.
+// Caller holds d.mu.
+//
+// The heap is updated lazily, since the data path moves a timer on every
+// message (armed when a request goes out, moved or cancelled when its
+// acknowledgement comes): a QP is in the heap at most once, queued at
+// heapAt, which is never later than its deadline timerAt. Cancelling or
+// moving the deadline later leaves the heap alone; the round that finds
+// the entry due drops it or queues it again at the new deadline. Only a
+// deadline earlier than the queued one touches the heap.
 func (e *engine) setTimer(q *qp, at time.Time) {
 	r := &q.req
 	r.timerAt = at
 	switch {
-	case at.IsZero() && r.heapIdx >= 0:
-		heap.Remove(&e.timers, r.heapIdx)
 	case at.IsZero():
-	case r.heapIdx >= 0:
-		heap.Fix(&e.timers, r.heapIdx)
-	default:
+	case r.heapIdx < 0:
+		r.heapAt = at
 		heap.Push(&e.timers, q)
+	case at.Before(r.heapAt):
+		r.heapAt = at
+		heap.Fix(&e.timers, r.heapIdx)
+	}
+}
+
+// fireTimers runs the timers due at now, and drops or queues again the
+// heap entries of timers cancelled or moved later. It reports whether a
+// timer fired. Caller holds d.mu.
+func (e *engine) fireTimers(now time.Time) bool {
+	fired := false
+	for len(e.timers) > 0 && !e.timers[0].req.heapAt.After(now) {
+		q := e.timers[0]
+		r := &q.req
+		switch {
+		case r.timerAt.IsZero(): // cancelled since it was queued
+			heap.Pop(&e.timers)
+		case r.timerAt.After(now): // moved later since it was queued
+			r.heapAt = r.timerAt
+			heap.Fix(&e.timers, 0)
+		default:
+			heap.Pop(&e.timers)
+			r.timerAt = time.Time{}
+			fired = true
+			e.d.timeout(q, now)
+		}
+	}
+	return fired
+}
+
+// cancelTimer stops a QP's timer and takes it out of the heap at once,
+// for a QP that is reset, fails or goes away: the heap holds no QP that
+// has no use for it. Caller holds d.mu.
+func (e *engine) cancelTimer(q *qp) {
+	r := &q.req
+	r.timerAt = time.Time{}
+	if r.heapIdx >= 0 {
+		heap.Remove(&e.timers, r.heapIdx)
 	}
 }
 
@@ -348,20 +411,21 @@ func (e *engine) send(p *roce.Packet) {
 }
 
 func (e *engine) flushOut() {
-	e.d.transmit(e.out)
+	e.d.transmit(e.out, &e.pkts)
 	clear(e.out)
 	e.out = e.out[:0]
 }
 
 // transmit puts packets on the link, in order, or drops them if the port
-// is down. It takes their ownership.
-func (d *Device) transmit(ps []*roce.Packet) {
+// is down. It takes their ownership; the packets it frees go to c, the
+// packet cache of the calling goroutine (nil: the shared pool).
+func (d *Device) transmit(ps []*roce.Packet, c *pktCache) {
 	if len(ps) == 0 {
 		return
 	}
 	if !d.portUp.Load() { // nothing leaves a port that is down
 		for _, p := range ps {
-			putPacket(p)
+			c.put(p)
 		}
 		return
 	}
@@ -369,14 +433,14 @@ func (d *Device) transmit(ps []*roce.Packet) {
 	for _, p := range ps {
 		d.counters.XmitData.Add(uint64(len(p.Payload)))
 	}
-	d.link.sendBatch(ps)
+	d.link.sendBatch(ps, c)
 }
 
-// timerHeap orders the QPs whose timer is set by when it fires.
+// timerHeap orders the QPs whose timer is queued by heapAt.
 type timerHeap []*qp
 
 func (h timerHeap) Len() int           { return len(h) }
-func (h timerHeap) Less(i, j int) bool { return h[i].req.timerAt.Before(h[j].req.timerAt) }
+func (h timerHeap) Less(i, j int) bool { return h[i].req.heapAt.Before(h[j].req.heapAt) }
 func (h timerHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].req.heapIdx, h[j].req.heapIdx = i, j
@@ -401,13 +465,23 @@ func (h *timerHeap) Pop() any {
 // ends. Unlike a
 // sync.Pool it survives garbage collections, so a steady stream of traffic
 // allocates nothing; it keeps at most poolMax packets.
+//
+// Each engine keeps a cache of its own in front of it (pktCache), so that
+// the data path takes no lock per packet: packets travel from one device's
+// engine to another's, so a cache that runs empty takes a batch from the
+// shared pool, and one that overflows gives a batch back. Goroutines other
+// than an engine's (timers sending delayed packets) use the shared pool.
 var packets struct {
 	mu   sync.Mutex
 	free []*roce.Packet
 }
 
-const poolMax = 4096
+const (
+	poolMax    = 4096
+	cacheBatch = 64 // packets an engine's cache exchanges with the pool at once
+)
 
+// getPacket takes a packet from the shared pool.
 func getPacket() *roce.Packet {
 	packets.mu.Lock()
 	var p *roce.Packet
@@ -440,10 +514,74 @@ func freshPacket(p *roce.Packet) *roce.Packet {
 	return p
 }
 
+// putPacket returns a packet to the shared pool.
 func putPacket(p *roce.Packet) {
 	packets.mu.Lock()
 	if len(packets.free) < poolMax {
 		packets.free = append(packets.free, p)
 	}
 	packets.mu.Unlock()
+}
+
+
+// pktCache is an engine's own free list of packets, in front of the shared
+// pool. Only the engine's goroutine uses it. A nil cache is the shared
+// pool.
+type pktCache struct {
+	free []*roce.Packet
+}
+
+// get returns a cleared packet.
+func (c *pktCache) get() *roce.Packet {
+	if c == nil {
+		return getPacket()
+	}
+	if len(c.free) == 0 {
+		c.refill()
+	}
+	n := len(c.free)
+	if n == 0 {
+		return freshPacket(nil)
+	}
+	p := c.free[n-1]
+	c.free[n-1] = nil
+	c.free = c.free[:n-1]
+	return freshPacket(p)
+}
+
+// put takes a packet back. The cache keeps up to 2*cacheBatch packets and
+// gives the older half back to the shared pool when it has more.
+func (c *pktCache) put(p *roce.Packet) {
+	if c == nil {
+		putPacket(p)
+		return
+	}
+	if len(c.free) >= 2*cacheBatch {
+		c.spill(cacheBatch)
+	}
+	c.free = append(c.free, p)
+}
+
+// refill takes up to cacheBatch packets from the shared pool.
+func (c *pktCache) refill() {
+	packets.mu.Lock()
+	n := min(len(packets.free), cacheBatch)
+	rest := len(packets.free) - n
+	c.free = append(c.free, packets.free[rest:]...)
+	clear(packets.free[rest:])
+	packets.free = packets.free[:rest]
+	packets.mu.Unlock()
+}
+
+// spill gives n packets (the ones longest in the cache) to the shared
+// pool, which drops those beyond poolMax.
+func (c *pktCache) spill(n int) {
+	n = min(n, len(c.free))
+	packets.mu.Lock()
+	room := max(poolMax-len(packets.free), 0)
+	packets.free = append(packets.free, c.free[:min(n, room)]...)
+	packets.mu.Unlock()
+	k := copy(c.free, c.free[n:])
+	clear(c.free[k:])
+	c.free = c.free[:k]
 }

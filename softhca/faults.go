@@ -61,7 +61,8 @@ func (d *Device) SetFaults(f Faults) {
 }
 
 // apply decides the fate of an outgoing packet: it sends it (with send)
-// zero, one or two times, now or later. Caller holds d.mu.
+// zero, one or two times, now or later. Caller holds d.mu and is the
+// engine goroutine (it uses the engine's packet cache).
 func (fl *faulter) apply(d *Device, p *roce.Packet, out []*roce.Packet) []*roce.Packet {
 	f := fl.def
 	if len(fl.links) > 0 {
@@ -77,7 +78,7 @@ func (fl *faulter) apply(d *Device, p *roce.Packet, out []*roce.Packet) []*roce.
 	switch {
 	case r.Float64() < f.Loss:
 		d.counters.FaultDrops.Add(1)
-		putPacket(p)
+		d.eng.pkts.put(p)
 		return out
 	case r.Float64() < f.Reorder:
 		d.counters.FaultReorders.Add(1)
@@ -85,13 +86,13 @@ func (fl *faulter) apply(d *Device, p *roce.Packet, out []*roce.Packet) []*roce.
 		return out
 	case r.Float64() < f.Delay:
 		d.counters.FaultDelays.Add(1)
-		d.clock.AfterFunc(f.DelayBy, func() { d.transmit([]*roce.Packet{p}) })
+		d.clock.AfterFunc(f.DelayBy, func() { d.transmit([]*roce.Packet{p}, nil) })
 		return out
 	}
 	out = append(out, p)
 	if r.Float64() < f.Duplicate {
 		d.counters.FaultDups.Add(1)
-		out = append(out, clonePacket(p))
+		out = append(out, clonePacket(&d.eng.pkts, p))
 	}
 	return fl.release(out)
 }
@@ -104,8 +105,8 @@ func (fl *faulter) release(out []*roce.Packet) []*roce.Packet {
 	return out
 }
 
-func clonePacket(p *roce.Packet) *roce.Packet {
-	q := getPacket()
+func clonePacket(c *pktCache, p *roce.Packet) *roce.Packet {
+	q := c.get()
 	payload := append(q.Payload, p.Payload...)
 	storage := q.Storage
 	*q = *p

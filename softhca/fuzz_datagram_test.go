@@ -580,7 +580,7 @@ func (w *dgWorld) snapshot(t testing.TB, in *dgInput) [3]qpSnap {
 			len(d.eng.readq), len(d.eng.acks), len(d.eng.runq))
 	}
 	for i, n := range in.nums {
-		q := d.qps[n]
+		q := d.qps.get(n)
 		if q == nil {
 			s[i].gone = true
 			continue
@@ -731,7 +731,7 @@ func (w *dgWorld) sendBurst(t testing.TB, in *dgInput, burst [][]byte, flags []b
 	for k, rec := range burst {
 		b, from := w.datagram(in, flags[k], rec)
 		c1 := w.counters()
-		p := w.d.parseDatagram(b, from, &w.hdr)
+		p := w.d.parseDatagram(b, from, &w.hdr, nil)
 		c2 := w.counters()
 		if p == nil {
 			diff := counterDiff(c1, c2)
@@ -828,7 +828,7 @@ func (w *dgWorld) finish(t testing.TB, in *dgInput) {
 		var next time.Time
 		w.d.mu.Lock()
 		for _, n := range in.nums {
-			if q := w.d.qps[n]; q != nil && !q.req.timerAt.IsZero() && (next.IsZero() || q.req.timerAt.Before(next)) {
+			if q := w.d.qps.get(n); q != nil && !q.req.timerAt.IsZero() && (next.IsZero() || q.req.timerAt.Before(next)) {
 				next = q.req.timerAt
 			}
 		}

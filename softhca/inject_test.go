@@ -284,7 +284,7 @@ func TestResponseToUnsentRead(t *testing.T) {
 	waitFor(t, "dropped response", func() bool { return r.d.counters.RcvErrors.Load() > 0 })
 	r.d.mu.Lock()
 	var rd int
-	for _, q := range r.d.qps {
+	for q := range r.d.qps.all {
 		rd = q.req.rdAtomic
 	}
 	r.d.mu.Unlock()

@@ -12,8 +12,10 @@ import (
 // A link carries the device's packets to other devices: a Fabric within
 // the process, or RoCEv2 over UDP between processes and machines.
 type link interface {
-	// sendBatch transmits packets in order, taking their ownership.
-	sendBatch(ps []*roce.Packet)
+	// sendBatch transmits packets in order, taking their ownership; the
+	// packets it is done with go to c, the packet cache of the calling
+	// goroutine (nil: the shared pool).
+	sendBatch(ps []*roce.Packet, c *pktCache)
 	// poll appends up to max packets that arrived and were not delivered
 	// to the engine yet. Only the engine calls it.
 	poll(out []*roce.Packet, max int) []*roce.Packet
@@ -66,14 +68,14 @@ func (l *fabricLink) poll(out []*roce.Packet, max int) []*roce.Packet { return o
 // delivers.
 func (l *fabricLink) idle() {}
 
-func (l *fabricLink) sendBatch(ps []*roce.Packet) {
+func (l *fabricLink) sendBatch(ps []*roce.Packet, c *pktCache) {
 	l.f.mu.RLock()
 	defer l.f.mu.RUnlock()
 	for _, p := range ps {
 		if dst := l.f.devices[p.DstGID]; dst != nil {
 			dst.eng.deliver(p)
 		} else {
-			putPacket(p)
+			c.put(p)
 		}
 	}
 }

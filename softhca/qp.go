@@ -3,8 +3,6 @@
 package softhca
 
 import (
-	"time"
-
 	"github.com/xrcrun/xrc/internal/mlx4abi"
 	"github.com/xrcrun/xrc/internal/mlx4hw"
 	"github.com/xrcrun/xrc/internal/qpstate"
@@ -16,7 +14,7 @@ import (
 type ring struct {
 	buf   []byte
 	cnt   uint32 // slots, a power of two
-	shift uint   // log2 of the slot size
+	shift uint32 // log2 of the slot size
 }
 
 func (r *ring) slot(i uint32) []byte {
@@ -25,37 +23,48 @@ func (r *ring) slot(i uint32) []byte {
 }
 
 // qp is a queue pair.
+//
+// The fields the data path reads for every message come first, in the
+// order it reads them, so that a message on a QP whose object has left the
+// CPU's cache (with thousands of QPs, most have) misses few cache lines:
+// the first 64 bytes, then the address vector and the send queue (64
+// more), then the responder's state (its first 128 bytes are the ones a
+// message uses) or the requester's (256 bytes, from a cache line's start). The attributes
+// and bookkeeping only commands use come last.
 type qp struct {
-	num        uint32
-	typ        qpstate.Type
-	state      qpstate.State
-	destroyed  bool
-	inErrq     bool // in the engine's list of error-state QPs to flush
-	client     *Client
-	userHandle uint64
-	pd         *pd
-	scq, rcq   *cq
-	srq        *srq
-	caps       uverbs.QPCap
+	num                          uint32
+	destQPN                      uint32
+	access                       uint32
+	state                        qpstate.State
+	destroyed                    bool
+	inErrq                       bool // in the engine's list of error-state QPs to flush
+	pathMTU                      uint8
+	timeout, retryCnt, rnrRetry  uint8
+	minRNRTimer                  uint8
+	maxRdAtomic, maxDestRdAtomic uint8
+	client                       *Client
+	scq, rcq                     *cq
+	srq                          *srq
+	pd                           *pd
+	ah                           uverbs.QPDest
+	sq                           ring
 
-	sq     ring
+	resp responder
+	req  requester
+
 	rq     ring
 	rqGS   int
 	rqDB   []byte // producer counter of the receive queue (16 bits)
 	rqTook uint32 // receive WQEs consumed
 
-	// Attributes.
-	qkey, rqPSN, sqPSN, destQPN, access uint32
-	pkeyIndex                           uint16
-	pathMTU, port                       uint8
-	ah                                  uverbs.QPDest
-	timeout, retryCnt, rnrRetry         uint8
-	minRNRTimer                         uint8
-	maxRdAtomic, maxDestRdAtomic        uint8
-	sqdNotify                           bool
-
-	req  requester
-	resp responder
+	// Attributes and bookkeeping of the commands.
+	typ                qpstate.Type
+	sqdNotify          bool
+	pkeyIndex          uint16
+	port               uint8
+	qkey, rqPSN, sqPSN uint32
+	userHandle         uint64
+	caps               uverbs.QPCap
 }
 
 // mtu is the QP's path MTU in bytes.
@@ -97,7 +106,7 @@ func (d *Device) cmdCreateQP(r *request) ([]byte, error) {
 		req.MaxRecvSGE > maxSGE || req.MaxInlineData > maxInline {
 		return nil, unix.Errorf(unix.EINVAL, "qp capabilities beyond the device's (%d WRs, %d SGEs, %d inline bytes)", maxQPWR, maxSGE, maxInline)
 	}
-	if len(d.qps) >= maxQP {
+	if d.qps.len() >= maxQP {
 		return nil, unix.Error(unix.ENOMEM, "too many QPs")
 	}
 	q := &qp{typ: typ, state: qpstate.Reset, client: c, userHandle: req.UserHandle, pd: p,
@@ -110,11 +119,11 @@ func (d *Device) cmdCreateQP(r *request) ([]byte, error) {
 	if drv.LogSQStride < 6 || drv.LogSQStride > 11 || drv.LogSQBbCount > 16 || 1<<drv.LogSQBbCount > 2*maxQPWR {
 		return nil, unix.Errorf(unix.EINVAL, "send queue of 2^%d WQEs of 2^%d bytes", drv.LogSQBbCount, drv.LogSQStride)
 	}
-	q.sq.cnt, q.sq.shift = 1<<drv.LogSQBbCount, uint(drv.LogSQStride)
+	q.sq.cnt, q.sq.shift = 1<<drv.LogSQBbCount, uint32(drv.LogSQStride)
 	if s == nil {
 		q.rq.cnt = roundPow2(max(1, req.MaxRecvWR))
 		q.rqGS = int(roundPow2(max(1, req.MaxRecvSGE)))
-		q.rq.shift = log2(uint32(q.rqGS * mlx4hw.DataSegSize))
+		q.rq.shift = uint32(log2(uint32(q.rqGS * mlx4hw.DataSegSize)))
 	}
 	rqBytes := int(q.rq.cnt) << q.rq.shift
 	sqBytes := int(q.sq.cnt) << q.sq.shift
@@ -145,7 +154,7 @@ func (d *Device) cmdCreateQP(r *request) ([]byte, error) {
 	}
 	q.req.heapIdx = -1
 	q.num = d.allocQPN()
-	d.qps[q.num] = q
+	d.qps.add(q)
 	p.usecnt++
 	scq.usecnt++
 	rcq.usecnt++
@@ -166,7 +175,7 @@ func (d *Device) allocQPN() uint32 {
 		if d.nextQPN >= 1<<23 {
 			d.nextQPN = firstQPN
 		}
-		if _, used := d.qps[n]; !used {
+		if d.qps.get(n) == nil {
 			return n
 		}
 	}
@@ -194,10 +203,10 @@ func (d *Device) cmdDestroyQP(r *request) ([]byte, error) {
 func (d *Device) destroyQP(q *qp) {
 	q.destroyed = true
 	d.eng.watchErr(q)
-	d.eng.setTimer(q, time.Time{})
-	q.req.reset()
+	d.eng.cancelTimer(q)
+	q.req.reset(&d.eng.wqes)
 	q.resp.reset()
-	delete(d.qps, q.num)
+	d.qps.remove(q.num, d.nextQPN)
 	q.pd.usecnt--
 	q.scq.usecnt--
 	q.rcq.usecnt--
@@ -367,8 +376,8 @@ func (d *Device) setState(q *qp, next qpstate.State) {
 	d.eng.watchErr(q)
 	switch next {
 	case qpstate.Reset:
-		d.eng.setTimer(q, time.Time{})
-		q.req.reset()
+		d.eng.cancelTimer(q)
+		q.req.reset(&d.eng.wqes)
 		q.resp.reset()
 		q.rqTook = 0
 	case qpstate.RTR:

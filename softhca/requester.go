@@ -77,17 +77,19 @@ type requester struct {
 	rnrLeft   uint8 // RNR retries left
 	rnrUntil  time.Time
 	timerAt   time.Time // when the QP's timer fires; zero when not set
+	heapAt    time.Time // when the QP is queued in the engine's timer heap: at or before timerAt
 	heapIdx   int       // the QP's place in the engine's timer heap, -1 when absent
 	drainSent bool
-	spare     []*swqe
 }
 
-func (r *requester) reset() {
+// reset forgets everything outstanding, giving the WQE records back to
+// pool.
+func (r *requester) reset(pool *wqePool) {
 	for _, w := range r.q {
-		r.free(w)
+		pool.put(w)
 	}
 	clear(r.q)
-	*r = requester{spare: r.spare, q: r.qbuf[:0], qbuf: r.qbuf, heapIdx: r.heapIdx}
+	*r = requester{q: r.qbuf[:0], qbuf: r.qbuf, heapIdx: r.heapIdx, heapAt: r.heapAt}
 }
 
 // push appends a fetched WQE. When q has reached the end of its array and
@@ -180,19 +182,34 @@ func (d *Device) rto(q *qp) time.Duration {
 	return max(ackTimeout(q.timeout), r.srtt+4*r.rttvar)
 }
 
-func (r *requester) alloc() *swqe {
-	if n := len(r.spare); n > 0 {
-		w := r.spare[n-1]
-		r.spare = r.spare[:n-1]
+// wqePool is an engine's free list of send WQE records, shared by the QPs
+// of the device. The records in use at a time are the WQEs outstanding, so
+// a few serve any number of QPs, and taking the one freed last keeps them
+// in the CPU's cache, however many QPs take turns. Guarded by d.mu.
+type wqePool struct {
+	free []*swqe
+}
+
+// wqePoolMax bounds the records a pool keeps; more are left to the
+// garbage collector.
+const wqePoolMax = 4096
+
+func (p *wqePool) get() *swqe {
+	if n := len(p.free); n > 0 {
+		w := p.free[n-1]
+		p.free[n-1] = nil
+		p.free = p.free[:n-1]
 		return w
 	}
 	return &swqe{}
 }
 
-func (r *requester) free(w *swqe) {
+func (p *wqePool) put(w *swqe) {
 	w.w.SG, w.w.Inline, w.sg = w.w.SG[:0], w.w.Inline[:0], w.sg[:0]
 	w.sent, w.rdGot, w.rdGap, w.done = 0, 0, false, false
-	r.spare = append(r.spare, w)
+	if len(p.free) < wqePoolMax {
+		p.free = append(p.free, w)
+	}
 }
 
 // sqOwned reports whether the client has posted the SQ slot at index i: its
@@ -214,7 +231,7 @@ func (d *Device) pump(q *qp) {
 	default:
 		return // WQEs posted before RTS wait for it
 	}
-	now := d.clock.Now()
+	now := d.eng.now
 	if !r.rnrUntil.IsZero() && now.Before(r.rnrUntil) {
 		return
 	}
@@ -268,7 +285,7 @@ func (d *Device) pump(q *qp) {
 func (d *Device) fetchPosted(q *qp) bool {
 	r := &q.req
 	for len(r.q) < maxOutstanding && sqOwned(q, r.head) {
-		w := r.alloc()
+		w := d.eng.wqes.get()
 		w.idx = r.head
 		r.head++
 		r.push(w)
@@ -357,7 +374,7 @@ func (d *Device) sendRequest(q *qp, w *swqe, k uint32) bool {
 	} else {
 		r.high = (p.PSN + 1) & roce.PSNMask
 		if !r.probing { // time a packet sent once (Karn's rule)
-			r.probing, r.probePSN, r.probeAt = true, p.PSN, d.clock.Now()
+			r.probing, r.probePSN, r.probeAt = true, p.PSN, d.eng.now
 		}
 	}
 	first, last := k == 0, k == w.npkts-1
@@ -378,7 +395,7 @@ func (d *Device) sendRequest(q *qp, w *swqe, k uint32) bool {
 		}
 		p.Payload = p.Payload[:n]
 		if !d.gather(w, off, p.Payload) {
-			putPacket(p)
+			d.eng.pkts.put(p)
 			d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
 			return false
 		}
@@ -440,9 +457,10 @@ func messageOpcode(send, first, last, imm bool) roce.Opcode {
 	return roce.WriteMiddle
 }
 
-// newPacket returns a packet addressed to the QP's peer.
+// newPacket returns a packet addressed to the QP's peer, from the engine's
+// packet cache: only the engine goroutine builds packets.
 func (d *Device) newPacket(q *qp) *roce.Packet {
-	p := getPacket()
+	p := d.eng.pkts.get()
 	p.SrcGID = d.gid
 	p.DstGID = q.ah.DGID
 	p.DestQP = q.destQPN
@@ -546,7 +564,7 @@ func (d *Device) onAck(q *qp, p *roce.Packet) {
 			r.rnrLeft--
 		}
 		d.rewind(q, p.PSN)
-		r.rnrUntil = d.clock.Now().Add(rnrDelay(p.Syndrome & 0x1f))
+		r.rnrUntil = d.eng.now.Add(rnrDelay(p.Syndrome & 0x1f))
 		d.eng.setTimer(q, r.rnrUntil)
 	case roce.AETHNak:
 		if !d.nakApplies(q, p.PSN) {
@@ -644,7 +662,7 @@ func (d *Device) acked(q *qp, psn uint32) {
 		progress = true
 		if r.probing && roce.PSNDiff(psn, r.probePSN) >= 0 {
 			r.probing = false
-			r.sampleRTT(d.clock.Now().Sub(r.probeAt))
+			r.sampleRTT(d.eng.now.Sub(r.probeAt))
 		}
 	}
 	if progress {
@@ -653,7 +671,7 @@ func (d *Device) acked(q *qp, psn uint32) {
 		if len(r.q) == 0 || q.timeout == 0 {
 			d.eng.setTimer(q, time.Time{})
 		} else if r.rnrUntil.IsZero() {
-			d.eng.setTimer(q, d.clock.Now().Add(d.rto(q)))
+			d.eng.setTimer(q, d.eng.now.Add(d.rto(q)))
 		}
 	}
 }
@@ -670,7 +688,7 @@ func (d *Device) completeSend(q *qp, w *swqe) {
 	}
 	r.popFront()
 	r.sendIdx = max(r.sendIdx-1, 0)
-	r.free(w)
+	d.eng.wqes.put(w)
 }
 
 func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
@@ -708,7 +726,7 @@ func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
 	// Each response in order is progress: the retries start over.
 	r.retries = q.retryCnt
 	if q.timeout != 0 {
-		d.eng.setTimer(q, d.clock.Now().Add(d.rto(q)))
+		d.eng.setTimer(q, d.eng.now.Add(d.rto(q)))
 	}
 	n := uint32(len(p.Payload))
 	last := p.Opcode.IsLast()
@@ -836,13 +854,13 @@ func (d *Device) requestError(q *qp, w *swqe, syndrome uint8) {
 		old := r.q[0]
 		d.flushCQE(q.scq, q.num, old.idx, true)
 		r.popFront()
-		r.free(old)
+		d.eng.wqes.put(old)
 	}
 	e := mlx4hw.CQE{MyQPN: q.num, WQEIndex: uint16(w.idx), IsSend: true, Opcode: mlx4hw.CQEOpError, Syndrome: syndrome}
 	d.push(q.scq, &e, true)
 	if len(r.q) > 0 {
 		r.popFront()
-		r.free(w)
+		d.eng.wqes.put(w)
 	}
 	d.setState(q, qpstate.Err)
 }

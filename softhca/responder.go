@@ -4,16 +4,11 @@ package softhca
 
 import (
 	"slices"
-	"time"
 
 	"github.com/xrcrun/xrc/internal/mlx4hw"
 	"github.com/xrcrun/xrc/internal/qpstate"
 	"github.com/xrcrun/xrc/softhca/roce"
 )
-
-// maxResources is how many READ and atomic requests a responder remembers
-// for answering duplicates.
-const maxResources = 64
 
 // readBudget is how many READ response packets a QP sends in one round of
 // the engine: a large READ streams over many rounds instead of being built
@@ -46,20 +41,22 @@ type responder struct {
 	isSend  bool
 	recvIdx uint32 // the receive WQE taken, for SENDs and writes with immediate
 	hasRecv bool
-	recvSG  []lsge
+	recvSG  []lsge // in recvSG1 while it has one entry
 	recvLen uint32
 	wm      *mr // RDMA WRITE: target region, address and length
 	wva     uint64
 	wlen    uint32
 	off     uint32 // bytes received
+	recvSG1 [1]lsge
 
-	res     [maxResources]resource
-	resNext int
+	// The READ and atomic requests executed, remembered for answering
+	// duplicates: a ring of max_dest_rd_atomic entries (at least one), made
+	// when the first such request comes, since most QPs never see one.
+	res     []resource
+	resNext int         // the ring's oldest entry, the next to reuse
 	reads   []*resource // READs whose responses are being sent, in order
 	readBuf []*resource // the array reads lives in
 	queued  bool        // in the engine's list of QPs with responses to send
-	scratch []mlx4hw.DataSeg
-
 	// A NAK that ended the QP's life while READ responses of earlier
 	// requests were still to be sent: it goes after them.
 	nakAfterReads bool
@@ -69,22 +66,24 @@ type responder struct {
 
 func (s *responder) reset() {
 	clear(s.reads)
-	*s = responder{recvSG: s.recvSG[:0], scratch: s.scratch[:0], reads: s.readBuf[:0], readBuf: s.readBuf}
+	clear(s.res)
+	*s = responder{recvSG: s.recvSG[:0], reads: s.readBuf[:0], readBuf: s.readBuf, res: s.res}
 }
 
 func (s *responder) start(q *qp) { s.epsn = q.rqPSN }
 
 // receive dispatches a packet delivered to the device. It owns p and
-// returns it to the pool. Caller holds d.mu.
+// returns it to the engine's packet cache. Caller holds d.mu and is the
+// engine goroutine.
 func (d *Device) receive(p *roce.Packet) {
-	defer putPacket(p)
+	defer d.eng.pkts.put(p)
 	if !d.portUp.Load() {
 		return // lost on a port that is down
 	}
 	d.counters.RcvPackets.Add(1)
 	d.counters.RcvData.Add(uint64(len(p.Payload)))
 	op := p.Opcode
-	q := d.qps[p.DestQP]
+	q := d.qps.get(p.DestQP)
 	if !op.Valid() || op.Transport() != roce.TransportRC || q == nil || q.ah.DGID != p.SrcGID {
 		d.counters.RcvErrors.Add(1)
 		if d.debug {
@@ -293,15 +292,15 @@ func (d *Device) remoteMR(q *qp, rkey uint32, va, n uint64, need uint32) (*mr, b
 // checks completes in error and the QP fails.
 func (d *Device) takeRecv(q *qp, p *roce.Packet) bool {
 	s := &q.resp
-	s.scratch = s.scratch[:0]
+	sg := d.eng.sgScratch[:0]
 	var ok bool
 	pd := q.pd
 	if q.srq != nil {
-		s.recvIdx, s.scratch, ok = d.srqTake(q.srq, s.scratch)
+		s.recvIdx, sg, ok = d.srqTake(q.srq, sg)
 		pd = q.srq.pd
 	} else if uint16(mlx4hw.LoadBE32(q.rqDB))-uint16(q.rqTook) != 0 {
 		s.recvIdx = q.rqTook & (q.rq.cnt - 1)
-		s.scratch = mlx4hw.DecodeRecvSG(q.rq.slot(q.rqTook), q.rqGS, s.scratch)
+		sg = mlx4hw.DecodeRecvSG(q.rq.slot(q.rqTook), q.rqGS, sg)
 		q.rqTook++
 		ok = true
 	}
@@ -312,8 +311,12 @@ func (d *Device) takeRecv(q *qp, p *roce.Packet) bool {
 		return false
 	}
 	s.hasRecv = true
+	d.eng.sgScratch = sg[:0] // keeps what the decoding grew
+	if cap(s.recvSG) == 0 {
+		s.recvSG = s.recvSG1[:0]
+	}
 	s.recvSG, s.recvLen = s.recvSG[:0], 0
-	for _, g := range s.scratch {
+	for _, g := range sg {
 		if g.ByteCount == 0 {
 			continue
 		}
@@ -395,12 +398,33 @@ func (d *Device) recvAtomic(q *qp, p *roce.Packet) {
 // max_rd_atomic gets this far ahead) stops.
 func (d *Device) remember(q *qp) *resource {
 	s := &q.resp
+	if want := max(int(q.maxDestRdAtomic), 1); len(s.res) < want {
+		s.growResources(want)
+	}
 	r := &s.res[s.resNext]
-	s.resNext = (s.resNext + 1) % maxResources
+	s.resNext = (s.resNext + 1) % len(s.res)
 	if r.queued {
 		s.reads = slices.DeleteFunc(s.reads, func(x *resource) bool { return x == r })
 	}
 	return r
+}
+
+// growResources makes the ring of resources n entries long (the first READ
+// or atomic, or max_dest_rd_atomic raised since). The entries keep their
+// order, oldest first, and the READs queued follow theirs.
+func (s *responder) growResources(n int) {
+	old := s.res
+	res := make([]resource, n)
+	for i := range old {
+		j := (s.resNext + i) % len(old)
+		res[i] = old[j]
+		for k, r := range s.reads {
+			if r == &old[j] {
+				s.reads[k] = &res[i]
+			}
+		}
+	}
+	s.res, s.resNext = res, len(old)
 }
 
 // queueRead schedules the responses of a READ from PSN from.
@@ -455,7 +479,7 @@ func (d *Device) sendReads(q *qp) bool {
 			// request came (or since the duplicate asking for it again).
 			m, ok := d.remoteMR(q, r.rkey, r.va, uint64(r.length), accRemoteRead)
 			if !ok || !m.read(r.va+uint64(off), p.Payload) {
-				putPacket(p)
+				d.eng.pkts.put(p)
 				// The NAK is for this READ: the later ones, and a
 				// NAK that was to follow them, are dropped.
 				for _, x := range s.reads {
@@ -552,11 +576,11 @@ func (d *Device) flush(q *qp) {
 	r := &q.req
 	for _, w := range r.q {
 		d.flushCQE(q.scq, q.num, w.idx, true)
-		r.free(w)
+		d.eng.wqes.put(w)
 	}
 	clear(r.q)
 	r.q, r.sendIdx, r.rdAtomic = r.qbuf[:0], 0, 0
-	d.eng.setTimer(q, time.Time{})
+	d.eng.cancelTimer(q)
 	d.flushPosted(q)
 	s := &q.resp
 	if s.hasRecv {

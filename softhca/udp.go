@@ -132,7 +132,7 @@ func (l *udpLink) close() error {
 // RoCE NIC on the other end would then reject them. A packet is encoded in
 // its own storage where it can be (headers before the payload, pad and
 // ICRC after), and the kernel gathers the datagrams from there.
-func (l *udpLink) sendBatch(ps []*roce.Packet) {
+func (l *udpLink) sendBatch(ps []*roce.Packet, c *pktCache) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i := 0; i < len(ps); {
@@ -164,7 +164,7 @@ func (l *udpLink) sendBatch(ps []*roce.Packet) {
 		}
 		clear(l.iov)
 		for _, p := range ps[i:j] {
-			putPacket(p)
+			c.put(p)
 		}
 		i = j
 	}
@@ -264,10 +264,11 @@ func (l *udpLink) poll(out []*roce.Packet, max int) []*roce.Packet {
 	return out
 }
 
-// parse checks a datagram and decodes it into a packet from the pool, or
-// counts it as an error and returns nil.
+// parse checks a datagram and decodes it into a packet from the engine's
+// packet cache (poll runs on the engine goroutine), or counts it as an
+// error and returns nil.
 func (l *udpLink) parse(b []byte, from netip.AddrPort) *roce.Packet {
-	return l.d.parseDatagram(b, from, &l.rhdr)
+	return l.d.parseDatagram(b, from, &l.rhdr, &l.d.eng.pkts)
 }
 
 // parseDatagram checks a RoCEv2 datagram that came from the address and
@@ -276,8 +277,9 @@ func (l *udpLink) parse(b []byte, from netip.AddrPort) *roce.Packet {
 // good one into a packet from the pool, addressed from the sender's GID to
 // the device's, for the engine; it counts a bad one and returns nil. The
 // packet's payload points into b. hdr is scratch space for the headers. It
-// touches nothing of the device but its counters.
-func (d *Device) parseDatagram(b []byte, from netip.AddrPort, hdr *[48]byte) *roce.Packet {
+// touches nothing of the device but its counters. The packet comes from
+// the cache c, or from the shared pool if c is nil.
+func (d *Device) parseDatagram(b []byte, from netip.AddrPort, hdr *[48]byte, c *pktCache) *roce.Packet {
 	if !from.IsValid() || len(b) < roce.BTHLen+roce.ICRCLen {
 		d.counters.RcvErrors.Add(1)
 		return nil
@@ -289,10 +291,10 @@ func (d *Device) parseDatagram(b []byte, from netip.AddrPort, hdr *[48]byte) *ro
 		d.counters.RcvICRCErrors.Add(1)
 		return nil
 	}
-	p := getPacket()
+	p := c.get()
 	if err := roce.ParseTransport(tr, p); err != nil || len(p.Payload) > 4096 {
 		d.counters.RcvErrors.Add(1)
-		putPacket(p)
+		c.put(p)
 		return nil
 	}
 	p.SrcGID = src.As16()
