@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -88,7 +89,7 @@ func Join(ctx context.Context, addr string, key []byte, me Member, size int, cfg
 	}
 	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
 	c.nc, c.fc = nc, newFrameConn(nc, c.m.bytesIn, c.m.bytesOut)
-	err = c.register(key, me.Endpoint)
+	err = c.register(key, me.Endpoint, rand.Reader)
 	if !stop() {
 		err = context.Cause(ctx)
 	}
@@ -112,8 +113,8 @@ func newClient(me Member, size int, cfg ClientConfig) *Client {
 
 // register runs the handshake and registration and waits for the member
 // table.
-func (c *Client) register(key, endpoint []byte) error {
-	if err := dialHandshake(c.fc, key, rand.Reader); err != nil {
+func (c *Client) register(key, endpoint []byte, rnd io.Reader) error {
+	if err := dialHandshake(c.fc, key, rnd); err != nil {
 		return err
 	}
 	reg := msgRegister{Rank: uint32(c.me.Rank), Size: uint32(c.size), Node: uint32(c.me.Node),

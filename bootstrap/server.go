@@ -41,6 +41,7 @@ type Server struct {
 	ln      net.Listener
 	log     *slog.Logger
 	m       *serverMetrics
+	rand    io.Reader // the nonces' source
 	joined  atomic.Int32
 
 	closeOnce sync.Once
@@ -87,9 +88,17 @@ func Listen(ctx context.Context, addr string, cfg ServerConfig) (*Server, error)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: listen: %w", err)
 	}
+	s := newServer(cfg, ln)
+	s.log = s.log.With("addr", s.Addr())
+	return s, nil
+}
+
+// newServer makes a server of ln (nil in fuzz tests, which feed
+// connections to serveConn themselves).
+func newServer(cfg ServerConfig, ln net.Listener) *Server {
 	s := &Server{
 		size: cfg.Size, key: append([]byte(nil), cfg.Key...), timeout: cfg.HandshakeTimeout,
-		ln: ln, log: discard(cfg.Logger), m: newServerMetrics(cfg.Registerer),
+		ln: ln, log: discard(cfg.Logger), m: newServerMetrics(cfg.Registerer), rand: rand.Reader,
 		closed: make(chan struct{}), finished: make(chan struct{}),
 		conns: map[*sconn]struct{}{}, members: make([]*sconn, cfg.Size),
 		gathers: map[uint64]*gather{}, kv: map[string][]byte{}, gets: map[string][]getter{},
@@ -97,12 +106,16 @@ func Listen(ctx context.Context, addr string, cfg ServerConfig) (*Server, error)
 	if s.timeout <= 0 {
 		s.timeout = 30 * time.Second
 	}
-	s.log = s.log.With("addr", s.Addr())
-	return s, nil
+	return s
 }
 
 // Addr returns the host:port ranks dial.
-func (s *Server) Addr() string { return s.ln.Addr().String() }
+func (s *Server) Addr() string {
+	if s.ln == nil {
+		return ""
+	}
+	return s.ln.Addr().String()
+}
 
 // Joined returns the number of ranks registered so far.
 func (s *Server) Joined() int { return int(s.joined.Load()) }
@@ -200,7 +213,7 @@ func (s *Server) serveConn(c *sconn) {
 	}()
 
 	nc.SetDeadline(time.Now().Add(s.timeout))
-	reg, err := acceptHandshake(c.fc, s.key, rand.Reader)
+	reg, err := acceptHandshake(c.fc, s.key, s.rand)
 	if err != nil {
 		s.noteHandshakeError(log, err)
 		return
@@ -437,6 +450,8 @@ func (s *Server) lost(c *sconn, log *slog.Logger, err error) {
 	}
 	if s.gone == s.size {
 		close(s.finished)
-		s.ln.Close()
+		if s.ln != nil {
+			s.ln.Close()
+		}
 	}
 }

@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -82,8 +83,20 @@ func readFrame(r *bufio.Reader, limit int) (msgType, []byte, error) {
 	if uint64(n) > uint64(limit) {
 		return t, nil, protoErr("too_large", "%v message of %d bytes exceeds the limit of %d", t, n, limit)
 	}
-	p := make([]byte, n)
-	if _, err := io.ReadFull(r, p); err != nil {
+	var p []byte
+	var err error
+	if n <= 1<<20 {
+		p = make([]byte, n)
+		_, err = io.ReadFull(r, p)
+	} else {
+		// Grow with what arrives, so that a header alone cannot make the
+		// reader allocate a large buffer.
+		var b bytes.Buffer
+		b.Grow(1 << 20)
+		_, err = io.CopyN(&b, r, int64(n))
+		p = b.Bytes()
+	}
+	if err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return t, nil, protoErr("truncated", "%v message truncated", t)
 		}
