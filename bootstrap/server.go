@@ -134,7 +134,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			case <-s.closed:
 				return nil
 			case <-s.finished:
-				s.wg.Wait()
+				s.Close() // connections still in their handshake
 				s.mu.Lock()
 				defer s.mu.Unlock()
 				if s.abort != nil {
@@ -261,12 +261,18 @@ func (s *Server) noteHandshakeError(log *slog.Logger, err error) {
 
 // register admits the rank or tells it why not.
 func (s *Server) register(c *sconn, r *msgRegister) error {
+	var rej *msgReject
+	defer func() {
+		if rej != nil { // sent outside the lock
+			c.fc.send(rej)
+		}
+	}()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	reject := func(code uint8, format string, args ...any) error {
 		text := fmt.Sprintf(format, args...)
 		s.m.rejected.Inc()
-		c.fc.send(&msgReject{Code: code, Text: cut(text, maxReason)})
+		rej = &msgReject{Code: code, Text: cut(text, maxReason)}
 		return fmt.Errorf("%w: %s", ErrRejected, text)
 	}
 	rank := int(r.Rank)
@@ -430,23 +436,27 @@ func (s *Server) lost(c *sconn, log *slog.Logger, err error) {
 	c.gone = true
 	s.gone++
 	s.m.members.Dec()
+	bad := errors.Is(err, ErrProtocol)
+	if bad {
+		s.m.badMessages.WithLabelValues(reasonOf(err)).Inc()
+		log.Error("bootstrap: bad message from a rank", "err", err)
+	}
+	closed := false
+	select {
+	case <-s.closed:
+		closed = true
+	default:
+	}
 	switch {
 	case c.left:
 		log.Debug("bootstrap: rank left")
-	case errors.Is(err, ErrProtocol):
-		s.m.badMessages.WithLabelValues(reasonOf(err)).Inc()
-		log.Error("bootstrap: bad message from a rank", "err", err)
+	case closed:
+	case bad:
 		s.abortLocked(&AbortError{Rank: c.rank, Lost: true, Reason: fmt.Sprintf("it sent a bad message: %v", err)})
+	case errors.Is(err, io.EOF):
+		s.abortLocked(&AbortError{Rank: c.rank, Lost: true, Reason: "its connection ended before it closed its client"})
 	default:
-		select {
-		case <-s.closed:
-		default:
-			what := "its connection ended before it closed its client"
-			if !errors.Is(err, io.EOF) {
-				what = fmt.Sprintf("its connection failed before it closed its client: %v", err)
-			}
-			s.abortLocked(&AbortError{Rank: c.rank, Lost: true, Reason: what})
-		}
+		s.abortLocked(&AbortError{Rank: c.rank, Lost: true, Reason: fmt.Sprintf("its connection failed before it closed its client: %v", err)})
 	}
 	if s.gone == s.size {
 		close(s.finished)
