@@ -90,8 +90,12 @@ func Join(ctx context.Context, addr string, key []byte, me Member, size int, cfg
 	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
 	c.nc, c.fc = nc, newFrameConn(nc, c.m.bytesIn, c.m.bytesOut)
 	err = c.register(key, me.Endpoint, rand.Reader)
-	if !stop() {
+	switch {
+	case !stop():
 		err = context.Cause(ctx)
+	case err == nil, errors.Is(err, ErrAuth), errors.Is(err, ErrProtocol), errors.Is(err, ErrRejected), errors.Is(err, ErrAborted):
+	default:
+		err = fmt.Errorf("%w: %w", ErrLost, err)
 	}
 	if err != nil {
 		nc.Close()

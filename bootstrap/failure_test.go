@@ -280,3 +280,35 @@ func TestGarbledFromRank(t *testing.T) {
 		t.Fatalf("bad_messages_total{reason=malformed} = %v", v)
 	}
 }
+
+func TestJoinInterrupted(t *testing.T) {
+	ts := startServer(t, ServerConfig{Size: 3})
+	ctx := testCtx(t)
+	cctx, cancel := context.WithCancel(ctx)
+	joined := make(chan error, 2)
+	go func() {
+		_, err := Join(cctx, ts.Addr(), testKey, Member{Rank: 0}, 3, ClientConfig{})
+		joined <- err
+	}()
+	waitFor(t, func() bool { return ts.Joined() == 1 })
+	cancel()
+	if err := <-joined; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Join cancelled while waiting for the others: %v", err)
+	}
+	// Rank 0 is lost, so the job is aborted; a late rank is refused.
+	waitFor(t, func() bool { return metric(t, ts.reg, "xrc_bootstrap_server_aborts_total") == 1 })
+	if _, err := Join(ctx, ts.Addr(), testKey, Member{Rank: 1}, 3, ClientConfig{}); !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "rank 0 was lost") {
+		t.Fatalf("Join after rank 0 was lost: %v", err)
+	}
+
+	ts2 := startServer(t, ServerConfig{Size: 2})
+	go func() {
+		_, err := Join(ctx, ts2.Addr(), testKey, Member{Rank: 1}, 2, ClientConfig{})
+		joined <- err
+	}()
+	waitFor(t, func() bool { return ts2.Joined() == 1 })
+	ts2.Close()
+	if err := <-joined; !errors.Is(err, ErrLost) {
+		t.Fatalf("Join when the server closed: %v", err)
+	}
+}
