@@ -17,7 +17,7 @@ type frameConn struct {
 }
 
 func newFrameConn(rw io.ReadWriter, in, out prometheus.Counter) *frameConn {
-	return &frameConn{r: bufio.NewReaderSize(rw, 64<<10), w: rw, in: in, out: out}
+	return &frameConn{r: bufio.NewReaderSize(rw, 16<<10), w: rw, in: in, out: out}
 }
 
 // read reads a frame of at most limit payload bytes; see readFrame.

@@ -129,6 +129,7 @@ func FuzzServerConn(f *testing.F) {
 		s.rand = repeatReader(fuzzServerNonce)
 		c := newSconn(fuzzConn{bytes.NewReader(data)}, s.m)
 		s.conns[c] = struct{}{}
+	s.handshakes++
 		s.wg.Add(1)
 		s.serveConn(c)
 		if s.Joined() == 1 {
@@ -205,6 +206,7 @@ func TestFuzzSeedsAuthenticate(t *testing.T) {
 	s.rand = repeatReader(fuzzServerNonce)
 	c := newSconn(fuzzConn{bytes.NewReader(rankBytes(0, 1, &msgPut{ID: 1, Key: "k", Val: []byte("v")}, &msgLeave{}))}, s.m)
 	s.conns[c] = struct{}{}
+	s.handshakes++
 	s.wg.Add(1)
 	s.serveConn(c)
 	if s.Joined() != 1 || string(s.kv["k"]) != "v" || s.abort != nil {

@@ -12,6 +12,7 @@ type serverMetrics struct {
 	authFailures prometheus.Counter
 	badMessages  *prometheus.CounterVec // by reason
 	rejected     prometheus.Counter
+	refused      prometheus.Counter
 	aborts       prometheus.Counter
 	bytesIn      prometheus.Counter
 	bytesOut     prometheus.Counter
@@ -26,6 +27,7 @@ func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
 		joins:        c("joins_total", "Ranks registered."),
 		authFailures: c("auth_failures_total", "Connections that failed to prove the job key."),
 		rejected:     c("rejected_total", "Registrations refused (rank out of range, duplicate, size mismatch)."),
+		refused:      c("refused_connections_total", "Connections closed at once because too many were in their handshake."),
 		aborts:       c("aborts_total", "Jobs aborted."),
 		bytesIn:      c("received_bytes_total", "Bytes of frames received."),
 		bytesOut:     c("sent_bytes_total", "Bytes of frames sent."),

@@ -49,14 +49,15 @@ type Server struct {
 	finished  chan struct{} // closed once every rank has joined and gone
 	wg        sync.WaitGroup
 
-	mu      sync.Mutex
-	conns   map[*sconn]struct{} // open connections, registered or not
-	members []*sconn            // by rank; nil until registered
-	gone    int                 // members whose connection ended
-	abort   *AbortError         // set once the job is aborted
-	gathers map[uint64]*gather  // collectives under way, by number
-	kv      map[string][]byte   // values put
-	gets    map[string][]getter // gets waiting for their key
+	mu         sync.Mutex
+	conns      map[*sconn]struct{} // open connections, registered or not
+	handshakes int                 // connections in their handshake
+	members    []*sconn            // by rank; nil until registered
+	gone       int                 // members whose connection ended
+	abort      *AbortError         // set once the job is aborted
+	gathers    map[uint64]*gather  // collectives under way, by number
+	kv         map[string][]byte   // values put
+	gets       map[string][]getter // gets waiting for their key
 }
 
 // gather is a collective under way; guarded by Server.mu.
@@ -92,6 +93,11 @@ func Listen(ctx context.Context, addr string, cfg ServerConfig) (*Server, error)
 	s.log = s.log.With("addr", s.Addr())
 	return s, nil
 }
+
+// maxHandshakes bounds the connections in their handshake at once; more
+// are refused, so that a flood of idle connections cannot exhaust the
+// server before its handshake deadline closes them.
+const maxHandshakes = 1024
 
 // newServer makes a server of ln (nil in fuzz tests, which feed
 // connections to serveConn themselves).
@@ -159,6 +165,14 @@ func (s *Server) Serve(ctx context.Context) error {
 			continue
 		default:
 		}
+		if s.handshakes >= maxHandshakes {
+			s.mu.Unlock()
+			s.m.refused.Inc()
+			s.log.Warn("bootstrap: too many connections in their handshake; refusing one", "remote", c.remote)
+			nc.Close()
+			continue
+		}
+		s.handshakes++
 		s.conns[c] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
@@ -214,6 +228,9 @@ func (s *Server) serveConn(c *sconn) {
 
 	nc.SetDeadline(time.Now().Add(s.timeout))
 	reg, err := acceptHandshake(c.fc, s.key, s.rand)
+	s.mu.Lock()
+	s.handshakes--
+	s.mu.Unlock()
 	if err != nil {
 		s.noteHandshakeError(log, err)
 		return
