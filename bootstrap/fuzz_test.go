@@ -129,7 +129,7 @@ func FuzzServerConn(f *testing.F) {
 		s.rand = repeatReader(fuzzServerNonce)
 		c := newSconn(fuzzConn{bytes.NewReader(data)}, s.m)
 		s.conns[c] = struct{}{}
-	s.handshakes++
+		s.handshakes++
 		s.wg.Add(1)
 		s.serveConn(c)
 		if s.Joined() == 1 {
