@@ -215,6 +215,9 @@ func (p *wqePool) put(w *swqe) {
 // sqOwned reports whether the client has posted the SQ slot at index i: its
 // owner bit matches the pass of i.
 func sqOwned(q *qp, i uint32) bool {
+	if q.sq.cnt == 0 {
+		return false // an XRC receive QP has no send queue
+	}
 	oo := mlx4hw.OwnerOpcode(q.sq.slot(i))
 	return (oo&mlx4hw.OwnerBit != 0) == (i&q.sq.cnt != 0)
 }
@@ -276,7 +279,7 @@ func (d *Device) pump(q *qp) {
 	}
 	if q.state == qpstate.SQD && len(r.q) == 0 && q.sqdNotify && !r.drainSent {
 		r.drainSent = true
-		q.client.asyncEvent(q.userHandle, evSQDrained)
+		d.qpEvent(q, evSQDrained)
 	}
 }
 
@@ -422,6 +425,10 @@ func (d *Device) sendRequest(q *qp, w *swqe, k uint32) bool {
 	}
 	if w.rdAtomic() && roce.PSNDiff(w.lastPSN(), r.high) >= 0 {
 		r.high = (w.lastPSN() + 1) & roce.PSNMask // the responses' PSNs
+	}
+	if q.xport == roce.TransportXRC {
+		p.Opcode |= roce.TransportXRC
+		p.XRCSRQ = w.w.RemoteSRQN
 	}
 	d.eng.send(p)
 	return true
