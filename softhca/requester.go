@@ -176,11 +176,23 @@ func (r *requester) sampleRTT(rtt time.Duration) {
 // rto is how long the requester waits for an acknowledgement before it
 // sends again: the QP's timeout, or more if the measured round trip says
 // the peer needs more, so that a slow peer is not flooded with
-// retransmissions of what it is still working through.
+// retransmissions of what it is still working through. Each retry spent
+// without progress since the last doubles it (up to 8 times), as TCP
+// backs off: the QP's timeout is the least the requester waits, and a
+// peer that is alive but not scheduled for a while (a loaded machine
+// running software HCAs) is not declared dead after retry_cnt short
+// waits. The number of retries before RETRY_EXC_ERR is unchanged.
 func (d *Device) rto(q *qp) time.Duration {
 	r := &q.req
-	return max(ackTimeout(q.timeout), r.srtt+4*r.rttvar)
+	base := max(ackTimeout(q.timeout), r.srtt+4*r.rttvar)
+	if used := int(q.retryCnt) - int(r.retries); used > 0 {
+		base <<= min(used, maxBackoffShift)
+	}
+	return base
 }
+
+// maxBackoffShift bounds the doubling of rto.
+const maxBackoffShift = 3
 
 // wqePool is an engine's free list of send WQE records, shared by the QPs
 // of the device. The records in use at a time are the WQEs outstanding, so
