@@ -210,8 +210,13 @@ func (qp *QP) initSQOwnership() {
 
 // stamp writes 0xffffffff at the start of every 64-byte block but the first
 // of slot i, so that a prefetching device never takes stale data for a
-// valid segment.
+// valid segment. Slots of one block have nothing to stamp: their WQE's
+// size is not even read, which would touch a line of the send queue that
+// the post has no other use for.
 func (qp *QP) stamp(i uint32) {
+	if 1<<qp.sq.shift <= mlx4hw.BasicBlockSize {
+		return
+	}
 	w := qp.sq.slot(i)
 	ds := int(w[7]&0x3f) * 16
 	for off := 64; off < ds; off += 64 {
