@@ -24,13 +24,16 @@ func (r *ring) slot(i uint32) []byte {
 
 // qp is a queue pair.
 //
-// The fields the data path reads for every message come first, in the
-// order it reads them, so that a message on a QP whose object has left the
-// CPU's cache (with thousands of QPs, most have) misses few cache lines:
-// the first 64 bytes, then the address vector and the send queue (64
-// more), then the responder's state (its first 128 bytes are the ones a
-// message uses) or the requester's (256 bytes, from a cache line's start). The attributes
-// and bookkeeping only commands use come last.
+// Its fields are laid out by use, so that a message on a QP whose object
+// has left the CPU's cache (with thousands of QPs, most have) misses as few
+// cache lines as it can. The object is a whole number of cache lines, so
+// the allocator starts it on one. The first line holds what both sides
+// read for every message; the second the responder's state of a message,
+// the third the scatter list of a receive (for SENDs); then come the
+// responder's READ and atomic resources; then, from the fifth line, the
+// send queue and the requester's state, which a message reads and writes
+// nearly all of, in three lines. The attributes and bookkeeping only
+// commands use come last.
 type qp struct {
 	num                          uint32
 	destQPN                      uint32
@@ -42,16 +45,19 @@ type qp struct {
 	timeout, retryCnt, rnrRetry  uint8
 	minRNRTimer                  uint8
 	maxRdAtomic, maxDestRdAtomic uint8
-	client                       *Client
-	scq, rcq                     *cq
-	srq                          *srq
+	dgid                         [16]byte // the address vector's destination GID (ah.DGID)
 	pd                           *pd
-	ah                           uverbs.QPDest
-	sq                           ring
+	client                       *Client
+	scq                          *cq
 
+	rcq  *cq
+	srq  *srq
 	resp responder
-	req  requester
 
+	sq  ring
+	req requester
+
+	ah     uverbs.QPDest
 	rq     ring
 	rqGS   int
 	rqDB   []byte // producer counter of the receive queue (16 bits)
@@ -332,6 +338,7 @@ func (d *Device) applyQPAttrs(q *qp, a *uverbs.ModifyQP, mask qpstate.Mask) {
 	}
 	if mask&mAV != 0 {
 		q.ah = a.Dest
+		q.dgid = a.Dest.DGID
 	}
 	if mask&mPathMTU != 0 {
 		q.pathMTU = a.PathMTU
