@@ -229,7 +229,11 @@ func testXRCPDOfNamedSRQ(t *testing.T, env Env) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { check(t, pd2.Close()) })
-	buf2 := make([]byte, 4096)
+	buf2, err := verbs.Alloc(4096) // written by the device: outside the Go heap
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { check(t, verbs.Free(buf2)) })
 	mr2, err := pd2.RegMR(buf2, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
 	if err != nil {
 		t.Fatal(err)
