@@ -131,7 +131,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer dev.Close()
-	pp, err := newPingpong(dev, o)
+	pp, err := newPingpong(dev, o, stderr)
 	if err != nil {
 		return errors.Join(err, pp.close())
 	}

@@ -40,9 +40,10 @@ type peer struct {
 	count int      // messages sent to it
 }
 
-// newPingpong creates the objects of ibv_xsrq_pingpong on dev. On error,
-// close frees what was made.
-func newPingpong(dev *verbs.Context, o *options) (*pingpong, error) {
+// newPingpong creates the objects of ibv_xsrq_pingpong on dev; a domain
+// file it cannot open is reported to stderr. On error, close frees what was
+// made.
+func newPingpong(dev *verbs.Context, o *options, stderr io.Writer) (*pingpong, error) {
 	p := &pingpong{o: o, dev: dev, peers: make([]peer, o.clients)}
 	port, err := dev.QueryPort(uint8(o.ibPort))
 	if err != nil {
@@ -75,7 +76,7 @@ func newPingpong(dev *verbs.Context, o *options) (*pingpong, error) {
 	// As ibv_xsrq_pingpong, a file that cannot be opened leaves a domain
 	// of this process only.
 	if p.file, err = os.OpenFile(o.xrcdFile, os.O_RDONLY|os.O_CREATE, 0o440); err != nil {
-		fmt.Fprintf(os.Stderr, "xsrq_pingpong: no file for the XRC domain, using a private one: %v\n", err)
+		fmt.Fprintf(stderr, "xsrq_pingpong: no file for the XRC domain, using a private one: %v\n", err)
 		p.file = nil
 	}
 	if p.xrcd, err = dev.OpenXRCD(p.file, os.O_CREATE); err != nil {
