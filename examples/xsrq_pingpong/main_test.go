@@ -89,7 +89,7 @@ func TestNodes(t *testing.T) {
 			common := fmt.Sprintf("-p %d -xrcd-file %s %s", port, file, tc.args)
 			srv := start(t, dir, pauseDir, fmt.Sprintf("-d %s -c %d %s", a.Name, tc.clients, common))
 			waitListening(t, port, srv)
-			var clis []*exec.Cmd
+			var clis []*proc
 			for range tc.clients {
 				clis = append(clis, start(t, dir, "", fmt.Sprintf("-d %s %s 127.0.0.1", b.Name, common)))
 			}
@@ -151,57 +151,67 @@ func wantObjects(t *testing.T, s *hcatest.Service, want map[string]uint64) {
 	}
 }
 
-// start starts xsrq_pingpong in a process with the devices of dir.
-func start(t *testing.T, dir, pauseDir, args string) *exec.Cmd {
-	c := exec.Command(os.Args[0], "-test.run=^$")
-	c.Env = append(os.Environ(), envArgs+"="+args, softhca.RuntimeDirEnv+"="+dir, envPause+"="+pauseDir)
-	c.Stdout, c.Stderr = new(lockedBuffer), os.Stderr
-	c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := c.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		c.Wait()
-		close(done)
-	}()
-	exits[c] = done
-	t.Cleanup(func() { c.Process.Kill(); <-done })
-	return c
+// proc is an xsrq_pingpong process.
+type proc struct {
+	args string
+	cmd  *exec.Cmd
+	out  *lockedBuffer
+	done chan struct{} // closed when it has exited
 }
 
-// exits has a channel per started process, closed when it has exited.
-var exits = map[*exec.Cmd]chan struct{}{}
+// start starts xsrq_pingpong in a process with the devices of dir; it is
+// killed, if still running, when the test ends.
+func start(t *testing.T, dir, pauseDir, args string) *proc {
+	p := &proc{args: args, cmd: exec.Command(os.Args[0], "-test.run=^$"), out: new(lockedBuffer), done: make(chan struct{})}
+	p.cmd.Env = append(os.Environ(), envArgs+"="+args, softhca.RuntimeDirEnv+"="+dir, envPause+"="+pauseDir)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, os.Stderr
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() { p.cmd.Process.Kill(); <-p.done })
+	return p
+}
 
-// wait waits for a process to exit successfully and returns its output.
-func wait(t *testing.T, c *exec.Cmd) string {
+// exited fails the test if p has exited.
+func (p *proc) exited(t *testing.T) {
 	t.Helper()
 	select {
-	case <-exits[c]:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("%v does not end", c.Args)
+	case <-p.done:
+		t.Fatalf("%s exited: %v\n%s", p.args, p.cmd.ProcessState, p.out)
+	default:
 	}
-	out := c.Stdout.(*lockedBuffer).String()
-	if !c.ProcessState.Success() {
-		t.Fatalf("%s: %v\n%s", c.Env[len(c.Env)-3], c.ProcessState, out)
+}
+
+// wait waits for a process to exit successfully and returns its output.
+func wait(t *testing.T, p *proc) string {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("%s does not end", p.args)
+	}
+	out := p.out.String()
+	if !p.cmd.ProcessState.Success() {
+		t.Fatalf("%s: %v\n%s", p.args, p.cmd.ProcessState, out)
 	}
 	t.Logf("%s", out)
 	return out
 }
 
 // waitFile waits for path to exist while the processes run.
-func waitFile(t *testing.T, path string, procs ...*exec.Cmd) {
+func waitFile(t *testing.T, path string, procs ...*proc) {
 	t.Helper()
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(5 * time.Millisecond) {
 		if _, err := os.Stat(path); err == nil {
 			return
 		}
-		for _, c := range procs {
-			select {
-			case <-exits[c]:
-				t.Fatalf("%s exited: %v\n%s", c.Env[len(c.Env)-3], c.ProcessState, c.Stdout)
-			default:
-			}
+		for _, p := range procs {
+			p.exited(t)
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no %s", path)
@@ -212,7 +222,7 @@ func waitFile(t *testing.T, path string, procs ...*exec.Cmd) {
 // waitListening waits until a socket listens on TCP port port, as
 // /proc/net/tcp and tcp6 show (the server prints nothing before its
 // first client connects).
-func waitListening(t *testing.T, port int, srv *exec.Cmd) {
+func waitListening(t *testing.T, port int, srv *proc) {
 	t.Helper()
 	want := fmt.Sprintf(":%04X ", port)
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
@@ -224,11 +234,7 @@ func waitListening(t *testing.T, port int, srv *exec.Cmd) {
 				}
 			}
 		}
-		select {
-		case <-exits[srv]:
-			t.Fatalf("the server exited: %v\n%s", srv.ProcessState, srv.Stdout)
-		default:
-		}
+		srv.exited(t)
 		if time.Now().After(deadline) {
 			t.Fatalf("nothing listens on port %d", port)
 		}
