@@ -190,6 +190,7 @@ func (t *Transport) Progress(h transport.Handler) (int, error) {
 			continue
 		}
 		c := t.inbox.Ring(i)
+		took := 0
 		for range progressBatch {
 			f, err := c.Next()
 			if err != nil {
@@ -200,7 +201,13 @@ func (t *Transport) Progress(h transport.Handler) (int, error) {
 			}
 			h.Deliver(rank, f)
 			c.Release()
-			n++
+			took++
+		}
+		if took > 0 {
+			// A sender that found the ring full may sleep until it has
+			// room: wake it if it does.
+			t.out[rank].Notify()
+			n += took
 		}
 	}
 	return n, nil

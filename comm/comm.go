@@ -1,0 +1,481 @@
+// Package comm is the API a Go program uses to talk to the other ranks of
+// its job, MPI's point-to-point part: blocking and non-blocking sends and
+// receives with tags and wildcards, probes, communicators made by Dup and
+// Split, and Abort.
+//
+// Messages between two ranks on the same communicator with the same tag
+// are received in the order they were sent (MPI's non-overtaking rule).
+// Small messages go eagerly: copied into the receiver's buffers and
+// delivered when they match. Large ones go by rendezvous: the sender
+// exposes its buffer and the receiver pulls it once the receive matches,
+// with one copy, then tells the sender it is done.
+//
+// Between ranks of a node the transport is shared memory (transport/shm).
+// RC and XRC between nodes are not here yet: a send to a rank of another
+// node fails with an error wrapping transport.ErrUnreachable.
+package comm
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/xrcrun/xrc/bootstrap"
+	"github.com/xrcrun/xrc/transport"
+	"github.com/xrcrun/xrc/transport/shm"
+)
+
+// Config configures Init. The zero value reads everything from the
+// launcher's environment.
+type Config struct {
+	// Bootstrap and Env are the rank's rendezvous client and what its
+	// launcher said; nil means bootstrap.FromEnv. Finalize closes the
+	// client.
+	Bootstrap *bootstrap.Client
+	Env       *bootstrap.Env
+	// Dir holds the shared-memory inboxes: XRC_RUNTIME_DIR if set, else
+	// /dev/shm, else the temporary directory.
+	Dir string
+	// EagerLimit is the largest message sent eagerly (XRC_EAGER_LIMIT;
+	// default: as much as the transport's frame allows, at most 8 KiB).
+	EagerLimit int
+	// Spin is how long a waiting rank polls before it sleeps
+	// (XRC_SPIN_US; default 50 µs).
+	Spin   time.Duration
+	Logger *slog.Logger
+}
+
+// Comm is a communicator: a group of ranks and a context of its own, so
+// that its messages never match another communicator's. Its methods are
+// safe for concurrent use.
+type Comm struct {
+	e     *engine
+	ctx   uint32 // context id; collBit set for the internal collectives
+	rank  int
+	size  int
+	ranks []int // world rank of each member
+	seq   uint32
+	coll  int32 // tag of the next internal collective
+	boot  *bootstrap.Client
+}
+
+// collBit marks the context of a communicator's internal collectives.
+const collBit = 1 << 31
+
+// Rank is this rank's number in c.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size is the number of ranks in c.
+func (c *Comm) Size() int { return c.size }
+
+// Init joins the job: it reaches the rendezvous, makes the rank's
+// transports, exchanges their records with every rank and returns the
+// world communicator.
+func Init(ctx context.Context, cfg Config) (*Comm, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	boot, env := cfg.Bootstrap, cfg.Env
+	if boot == nil {
+		var err error
+		var e bootstrap.Env
+		if boot, e, err = bootstrap.FromEnv(ctx, bootstrap.ClientConfig{Logger: cfg.Logger}); err != nil {
+			return nil, err
+		}
+		env = &e
+	}
+	if env == nil {
+		return nil, errors.New("comm: Config.Bootstrap without Config.Env")
+	}
+	jobID := env.JobID
+	if jobID == "" {
+		jobID = "pid" + strconv.Itoa(os.Getpid())
+	}
+	if cfg.Dir == "" {
+		cfg.Dir = defaultDir()
+	}
+	if cfg.Spin == 0 {
+		cfg.Spin = 50 * time.Microsecond
+		if us, err := strconv.Atoi(os.Getenv("XRC_SPIN_US")); err == nil && us >= 0 {
+			cfg.Spin = time.Duration(us) * time.Microsecond
+		}
+	}
+	if cfg.EagerLimit == 0 {
+		cfg.EagerLimit = 8 << 10
+		if n, err := strconv.Atoi(os.Getenv("XRC_EAGER_LIMIT")); err == nil && n >= 0 {
+			cfg.EagerLimit = n
+		}
+	}
+	sh, err := shm.New(shm.Config{Dir: cfg.Dir, JobID: jobID, Rank: env.Rank, LocalRank: env.LocalRank, LocalSize: env.LocalSize})
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Comm, error) {
+		sh.Close()
+		return nil, err
+	}
+	recs, err := boot.AllGather(ctx, sh.Record())
+	if err != nil {
+		return fail(err)
+	}
+	members := boot.Members()
+	peers := make([]transport.Peer, len(members))
+	e := &engine{
+		log: cfg.Logger, rank: env.Rank, shm: sh, trs: []transport.Transport{sh},
+		routes: make([]transport.Transport, len(members)), nodes: make([]int, len(members)),
+		comms: map[uint32]*Comm{}, posted: map[uint32][]*Request{}, unexpected: map[uint32][]*inMsg{},
+		arrived: make(chan struct{}), sends: map[uint64]*Request{}, pulls: map[uint64]*Request{},
+		backlog: map[int][]queued{}, token: make(chan struct{}, 1), spin: cfg.Spin,
+		eagerMax: min(cfg.EagerLimit, sh.MaxEager()-hdrLen),
+	}
+	for i, m := range members {
+		peers[i] = transport.Peer{Rank: m.Rank, Node: m.Node, LocalRank: m.LocalRank, Record: recs[i]}
+		e.nodes[i] = m.Node
+	}
+	if err := sh.Connect(ctx, peers); err != nil {
+		return fail(err)
+	}
+	for i := range members {
+		if sh.Reaches(i) {
+			e.routes[i] = sh
+		}
+	}
+	e.fatal = func() error {
+		select {
+		case <-boot.Done():
+			if err := boot.Err(); err != nil && !errors.Is(err, bootstrap.ErrClosed) {
+				return fmt.Errorf("comm: the job ended: %w", err)
+			}
+		default:
+		}
+		return nil
+	}
+	w := &Comm{e: e, ctx: 0, rank: env.Rank, size: len(members), boot: boot}
+	for i := range members {
+		w.ranks = append(w.ranks, i)
+	}
+	e.comms[0] = w
+	return w, nil
+}
+
+func defaultDir() string {
+	if d := os.Getenv("XRC_RUNTIME_DIR"); d != "" {
+		return d
+	}
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		return "/dev/shm"
+	}
+	return os.TempDir()
+}
+
+// Finalize leaves the job: it waits until every rank has called it (so
+// that no rank tears down what another still reads), then closes the
+// transports and the rendezvous client. Only the world communicator
+// finalizes.
+func (c *Comm) Finalize(ctx context.Context) error {
+	if c.ctx != 0 {
+		return errors.New("comm: Finalize on a communicator other than the world")
+	}
+	// Frames still queued for ranks whose buffers were full go out first:
+	// their receivers may be waiting for them.
+	e := c.e
+	err := e.await(ctx, func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return len(e.backlog) == 0
+	})
+	err = errors.Join(err, c.boot.Barrier(ctx))
+	c.e.mu.Lock()
+	for _, tr := range c.e.trs {
+		err = errors.Join(err, tr.Close())
+	}
+	c.e.mu.Unlock()
+	return errors.Join(err, c.boot.Close())
+}
+
+// Abort ends the job: every rank's pending and later calls fail, and the
+// launcher stops the ranks. This process exits with code.
+func (c *Comm) Abort(ctx context.Context, code int, reason string) {
+	c.boot.Abort(ctx, fmt.Sprintf("rank %d: %s (code %d)", c.ranks[c.rank], reason, code))
+	os.Exit(code)
+}
+
+func (c *Comm) checkPeer(r int, what string) error {
+	if r < 0 || r >= c.size {
+		return fmt.Errorf("comm: %s rank %d of a communicator of %d", what, r, c.size)
+	}
+	return nil
+}
+
+func checkTag(tag int, wild bool) error {
+	if tag < 0 && !(wild && tag == AnyTag) || tag > 1<<31-1 {
+		return fmt.Errorf("comm: tag %d", tag)
+	}
+	return nil
+}
+
+// Isend starts sending buf to rank dst of c with tag. The request owns
+// buf until it completes: a small message completes when it is copied
+// into the receiver's buffers (at once, unless they are full), a large one
+// when the receiver has pulled it.
+func (c *Comm) Isend(buf []byte, dst, tag int) (*Request, error) {
+	if err := errors.Join(c.checkPeer(dst, "send to"), checkTag(tag, false)); err != nil {
+		return nil, err
+	}
+	e := c.e
+	world := c.ranks[dst]
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	tr, err := e.route(world)
+	if err != nil {
+		return nil, err
+	}
+	r := newRequest(e)
+	r.c = c
+	h := header{ctx: c.ctx, src: int32(c.rank), tag: int32(tag), length: uint64(len(buf))}
+	var hb [hdrLen]byte
+	if len(buf) <= e.eagerMax {
+		h.kind = kindEager
+		h.put(hb[:])
+		r.st = Status{Source: c.rank, Tag: tag, Count: len(buf)}
+		sent, err := e.send(tr, world, r, hb[:], buf)
+		if err != nil {
+			return nil, err
+		}
+		if sent {
+			r.complete(r.st, nil)
+		}
+		return r, nil
+	}
+	remote, err := tr.Expose(buf)
+	if err != nil {
+		return nil, err
+	}
+	e.nextID++
+	h.kind, h.id = kindRTS, e.nextID
+	h.put(hb[:])
+	r.tr, r.remote, r.sbuf, r.rdvWorld, r.st = tr, remote, buf, world, Status{Source: c.rank, Tag: tag, Count: len(buf)}
+	e.sends[h.id] = r
+	if _, err := e.send(tr, world, nil, hb[:], remote); err != nil {
+		delete(e.sends, h.id)
+		tr.Unexpose(remote)
+		return nil, err
+	}
+	return r, nil
+}
+
+// Irecv starts receiving into buf a message from rank src of c (or
+// AnySource) with tag (or AnyTag). The request owns buf until it
+// completes.
+func (c *Comm) Irecv(buf []byte, src, tag int) (*Request, error) {
+	if src != AnySource {
+		if err := c.checkPeer(src, "receive from"); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkTag(tag, true); err != nil {
+		return nil, err
+	}
+	e := c.e
+	r := newRequest(e)
+	r.recv, r.c, r.buf, r.src, r.tag = true, c, buf, src, tag
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if m := e.takeUnexpected(c, r); m != nil {
+		e.deliverTo(r, m, nil)
+		return r, nil
+	}
+	e.posted[c.ctx] = append(e.posted[c.ctx], r)
+	return r, nil
+}
+
+// Send sends buf to rank dst of c with tag and returns when buf may be
+// reused.
+func (c *Comm) Send(ctx context.Context, buf []byte, dst, tag int) error {
+	r, err := c.Isend(buf, dst, tag)
+	if err != nil {
+		return err
+	}
+	_, err = r.Wait(ctx)
+	return err
+}
+
+// Recv receives into buf a message from src (or AnySource) with tag (or
+// AnyTag). A message longer than buf fills it and returns ErrTruncate.
+func (c *Comm) Recv(ctx context.Context, buf []byte, src, tag int) (Status, error) {
+	r, err := c.Irecv(buf, src, tag)
+	if err != nil {
+		return Status{}, err
+	}
+	return r.Wait(ctx)
+}
+
+// Sendrecv sends to dst and receives from src at once, so that two ranks
+// can exchange without ordering their calls.
+func (c *Comm) Sendrecv(ctx context.Context, sbuf []byte, dst, stag int, rbuf []byte, src, rtag int) (Status, error) {
+	rr, err := c.Irecv(rbuf, src, rtag)
+	if err != nil {
+		return Status{}, err
+	}
+	sr, err := c.Isend(sbuf, dst, stag)
+	if err != nil {
+		return Status{}, err
+	}
+	sts, err := Waitall(ctx, rr, sr)
+	return sts[0], err
+}
+
+// Iprobe reports whether a message from src with tag waits to be
+// received, and its status, without receiving it.
+func (c *Comm) Iprobe(src, tag int) (bool, Status, error) {
+	c.e.progressOnce()
+	return c.peek(src, tag)
+}
+
+func (c *Comm) peek(src, tag int) (bool, Status, error) {
+	r := &Request{src: src, tag: tag}
+	e := c.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, m := range e.unexpected[c.ctx] {
+		if c.matches(r, m) {
+			return true, Status{Source: int(m.h.src), Tag: int(m.h.tag), Count: int(m.h.length)}, nil
+		}
+	}
+	return false, Status{}, nil
+}
+
+// Probe waits until a message from src with tag can be received and
+// returns its status, without receiving it.
+func (c *Comm) Probe(ctx context.Context, src, tag int) (Status, error) {
+	var st Status
+	for {
+		c.e.mu.Lock()
+		arrived := c.e.arrived
+		c.e.mu.Unlock()
+		ok, s, err := c.peek(src, tag)
+		if err != nil || ok {
+			return s, err
+		}
+		if err := c.e.await(ctx, func() bool {
+			ok, st, _ = c.peek(src, tag)
+			return ok
+		}, arrived); err != nil {
+			return Status{}, err
+		}
+		if ok {
+			return st, nil
+		}
+	}
+}
+
+// Dup returns a communicator with the same ranks and a context of its own.
+// Every rank of c calls it, in the same order as c's other collectives.
+func (c *Comm) Dup(ctx context.Context) (*Comm, error) {
+	return c.Split(ctx, 0, c.rank)
+}
+
+// Undefined is the color of a rank that wants no communicator from Split.
+const Undefined = -1
+
+// Split partitions c: the ranks that pass the same color form a new
+// communicator, ranked by key and then by their rank in c. A rank that
+// passes Undefined gets nil. Every rank of c calls it.
+func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
+	if color < Undefined {
+		return nil, fmt.Errorf("comm: split color %d", color)
+	}
+	var rec [16]byte
+	binary.LittleEndian.PutUint64(rec[:], uint64(int64(color)))
+	binary.LittleEndian.PutUint64(rec[8:], uint64(int64(key)))
+	all, err := c.allgather(ctx, rec[:])
+	if err != nil {
+		return nil, err
+	}
+	c.e.mu.Lock()
+	c.seq++
+	seq := c.seq
+	c.e.mu.Unlock()
+	if color == Undefined {
+		return nil, nil
+	}
+	type member struct{ key, rank int }
+	var ms []member
+	for r, b := range all {
+		if int(int64(binary.LittleEndian.Uint64(b))) == color {
+			ms = append(ms, member{int(int64(binary.LittleEndian.Uint64(b[8:]))), r})
+		}
+	}
+	slices.SortStableFunc(ms, func(a, b member) int {
+		if a.key != b.key {
+			return a.key - b.key
+		}
+		return a.rank - b.rank
+	})
+	h := fnv.New32a()
+	binary.Write(h, binary.LittleEndian, [3]int64{int64(c.ctx), int64(seq), int64(color)})
+	n := &Comm{e: c.e, ctx: h.Sum32() &^ collBit, boot: c.boot}
+	if n.ctx == 0 {
+		n.ctx = 1
+	}
+	for i, m := range ms {
+		if m.rank == c.rank {
+			n.rank = i
+		}
+		n.ranks = append(n.ranks, c.ranks[m.rank])
+	}
+	n.size = len(ms)
+	c.e.mu.Lock()
+	defer c.e.mu.Unlock()
+	if old, ok := c.e.comms[n.ctx]; ok && old != nil {
+		return nil, fmt.Errorf("comm: context id %#x of a new communicator is in use", n.ctx)
+	}
+	c.e.comms[n.ctx] = n
+	return n, nil
+}
+
+// SplitByNode returns the communicator of the ranks of c on this rank's
+// node, ranked as in c.
+func (c *Comm) SplitByNode(ctx context.Context) (*Comm, error) {
+	return c.Split(ctx, c.e.nodes[c.ranks[c.rank]], c.rank)
+}
+
+// allgather gives every rank of c the record of every other, through c's
+// collective context: each rank sends its record to all.
+func (c *Comm) allgather(ctx context.Context, rec []byte) ([][]byte, error) {
+	c.e.mu.Lock()
+	tag := int(c.coll)
+	c.coll = (c.coll + 1) & (1<<31 - 1)
+	c.e.mu.Unlock()
+	cc := &Comm{e: c.e, ctx: c.ctx | collBit, rank: c.rank, size: c.size, ranks: c.ranks}
+	out := make([][]byte, c.size)
+	var reqs []*Request
+	for r := range c.size {
+		if r == c.rank {
+			out[r] = rec
+			continue
+		}
+		out[r] = make([]byte, len(rec))
+		rr, err := cc.Irecv(out[r], r, tag)
+		if err != nil {
+			return nil, err
+		}
+		sr, err := cc.Isend(rec, r, tag)
+		if err != nil {
+			return nil, err
+		}
+		reqs = append(reqs, rr, sr)
+	}
+	if _, err := Waitall(ctx, reqs...); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

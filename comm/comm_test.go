@@ -1,0 +1,346 @@
+package comm
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/xrcrun/xrc/bootstrap"
+	"github.com/xrcrun/xrc/transport"
+)
+
+// world starts a job of n ranks as goroutines of this process, all on node
+// 0 unless nodeOf says otherwise, each with its own rendezvous client and
+// shared-memory inbox, and returns their world communicators.
+func world(t *testing.T, n int, nodeOf func(rank int) int) []*Comm {
+	t.Helper()
+	if nodeOf == nil {
+		nodeOf = func(int) int { return 0 }
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	key := make([]byte, 32)
+	rand.Read(key)
+	srv, err := bootstrap.Listen(ctx, "127.0.0.1:0", bootstrap.ServerConfig{Size: n, Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ctx)
+	t.Cleanup(func() { srv.Close() })
+	dir := t.TempDir()
+	local := map[int]int{}
+	for r := range n {
+		local[nodeOf(r)]++
+	}
+	comms := make([]*Comm, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	seen := map[int]int{}
+	for r := range n {
+		node := nodeOf(r)
+		lr := seen[node]
+		seen[node]++
+		wg.Go(func() {
+			env := bootstrap.Env{Rank: r, Size: n, LocalRank: lr, LocalSize: local[node], Node: node, Nodes: len(local),
+				Addr: srv.Addr(), Key: key, JobID: "t"}
+			c, err := bootstrap.Join(ctx, env.Addr, key, bootstrap.Member{Rank: r, Node: node, LocalRank: lr}, n, bootstrap.ClientConfig{})
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			comms[r], errs[r] = Init(ctx, Config{Bootstrap: c, Env: &env, Dir: dir, Spin: 20 * time.Microsecond})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		var wg sync.WaitGroup
+		for _, c := range comms {
+			wg.Go(func() {
+				if err := c.Finalize(ctx); err != nil {
+					t.Errorf("finalize rank %d: %v", c.Rank(), err)
+				}
+			})
+		}
+		wg.Wait()
+	})
+	return comms
+}
+
+// each runs f on every rank at once and fails the test with their errors.
+func each(t *testing.T, comms []*Comm, f func(ctx context.Context, c *Comm) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errs := make([]error, len(comms))
+	var wg sync.WaitGroup
+	for i, c := range comms {
+		wg.Go(func() {
+			if err := f(ctx, c); err != nil {
+				errs[i] = fmt.Errorf("rank %d: %w", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func pattern(seed, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(seed*131 + i*7 + i>>8)
+	}
+	return b
+}
+
+// TestPairs: every rank sends to every rank (itself included) messages of
+// sizes from 0 bytes to several times the eager limit; all arrive intact,
+// in order per sender and tag.
+func TestPairs(t *testing.T) {
+	comms := world(t, 4, nil)
+	sizes := []int{0, 1, 100, 8 << 10, 8<<10 + 1, 100 << 10, 1 << 20}
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		var reqs []*Request
+		bufs := map[[3]int][]byte{}
+		for src := range c.Size() {
+			for i, n := range sizes {
+				b := make([]byte, n)
+				bufs[[3]int{src, i}] = b
+				r, err := c.Irecv(b, src, 5)
+				if err != nil {
+					return err
+				}
+				reqs = append(reqs, r)
+			}
+		}
+		for dst := range c.Size() {
+			for _, n := range sizes {
+				r, err := c.Isend(pattern(c.Rank()*1000+dst*10+n%7, n), dst, 5)
+				if err != nil {
+					return err
+				}
+				reqs = append(reqs, r)
+			}
+		}
+		if _, err := Waitall(ctx, reqs...); err != nil {
+			return err
+		}
+		for src := range c.Size() {
+			for i, n := range sizes {
+				if !bytes.Equal(bufs[[3]int{src, i}], pattern(src*1000+c.Rank()*10+n%7, n)) {
+					return fmt.Errorf("message %d (%d bytes) from %d differs", i, n, src)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// TestOrderAndWildcards: many messages on two tags from every rank to
+// rank 0, received with AnySource/AnyTag, keep their order per (source,
+// tag); statuses say who sent what.
+func TestOrderAndWildcards(t *testing.T) {
+	comms := world(t, 3, nil)
+	const per = 200
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		if c.Rank() != 0 {
+			for i := range per {
+				for tag := range 2 {
+					n := 8
+					if i%50 == 7 {
+						n = 64 << 10 // a rendezvous in the stream
+					}
+					b := pattern(i, n)
+					copy(b, fmt.Sprintf("%04d", i))
+					if err := c.Send(ctx, b, 0, tag); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}
+		next := map[[2]int]int{}
+		buf := make([]byte, 64<<10)
+		for range 2 * per * (c.Size() - 1) {
+			st, err := c.Recv(ctx, buf, AnySource, AnyTag)
+			if err != nil {
+				return err
+			}
+			k := [2]int{st.Source, st.Tag}
+			if got := string(buf[:4]); got != fmt.Sprintf("%04d", next[k]) {
+				return fmt.Errorf("from %d tag %d: message %s, want %d", st.Source, st.Tag, got, next[k])
+			}
+			next[k]++
+		}
+		return nil
+	})
+}
+
+// TestTruncateProbeSelf: a receive shorter than its message gets its first
+// bytes and ErrTruncate (eager and rendezvous); Probe and Iprobe see a
+// message without taking it; a rank sends to itself.
+func TestTruncateProbeSelf(t *testing.T) {
+	comms := world(t, 2, nil)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		if c.Rank() == 1 {
+			for _, n := range []int{100, 200 << 10, 33} {
+				if err := c.Send(ctx, pattern(n, n), 0, 9); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		for _, n := range []int{100, 200 << 10} {
+			st, err := c.Probe(ctx, 1, 9)
+			if err != nil || st.Count != n || st.Source != 1 || st.Tag != 9 {
+				return fmt.Errorf("probe: %+v, %v; want %d bytes", st, err, n)
+			}
+			b := make([]byte, 10)
+			st, err = c.Recv(ctx, b, 1, 9)
+			if !errors.Is(err, ErrTruncate) || st.Count != 10 || !bytes.Equal(b, pattern(n, n)[:10]) {
+				return fmt.Errorf("truncated receive of %d: %+v, %v", n, st, err)
+			}
+		}
+		// Iprobe eventually sees the last one.
+		for {
+			ok, st, err := c.Iprobe(AnySource, AnyTag)
+			if err != nil {
+				return err
+			}
+			if ok {
+				if st.Count != 33 {
+					return fmt.Errorf("iprobe: %+v", st)
+				}
+				break
+			}
+		}
+		if _, err := c.Recv(ctx, make([]byte, 33), 1, 9); err != nil {
+			return err
+		}
+		// To itself, eager and rendezvous.
+		for _, n := range []int{5, 1 << 20} {
+			r, err := c.Irecv(make([]byte, n), 0, 1)
+			if err != nil {
+				return err
+			}
+			if err := c.Send(ctx, pattern(n, n), 0, 1); err != nil {
+				return err
+			}
+			if st, err := r.Wait(ctx); err != nil || st.Count != n {
+				return fmt.Errorf("self %d: %+v, %v", n, st, err)
+			}
+		}
+		if ok, _, _ := c.Iprobe(AnySource, AnyTag); ok {
+			return errors.New("iprobe finds a message nobody sent")
+		}
+		return nil
+	})
+}
+
+// TestSplit: Split by parity with reversed keys, Dup and SplitByNode make
+// communicators whose traffic stays apart from the world's.
+func TestSplit(t *testing.T) {
+	comms := world(t, 4, func(r int) int { return 0 })
+	each(t, comms, func(ctx context.Context, w *Comm) error {
+		half, err := w.Split(ctx, w.Rank()%2, -w.Rank())
+		if err != nil {
+			return err
+		}
+		if half.Size() != 2 || half.Rank() != 1-w.Rank()/2 {
+			return fmt.Errorf("split: rank %d of %d", half.Rank(), half.Size())
+		}
+		dup, err := w.Dup(ctx)
+		if err != nil {
+			return err
+		}
+		node, err := w.SplitByNode(ctx)
+		if err != nil || node.Size() != 4 || node.Rank() != w.Rank() {
+			return fmt.Errorf("split by node: %v", err)
+		}
+		none, err := w.Split(ctx, Undefined, 0)
+		if err != nil || none != nil {
+			return fmt.Errorf("undefined color: %v, %v", none, err)
+		}
+		// The same tag on three communicators: each receive gets its
+		// own communicator's message.
+		peer := half.Rank() ^ 1
+		b1, b2 := make([]byte, 4), make([]byte, 4)
+		r1, _ := half.Irecv(b1, peer, 3)
+		r2, _ := dup.Irecv(b2, AnySource, 3)
+		if err := dup.Send(ctx, []byte("dup!"), (dup.Rank()+1)%4, 3); err != nil {
+			return err
+		}
+		if err := half.Send(ctx, []byte("half"), peer, 3); err != nil {
+			return err
+		}
+		if _, err := Waitall(ctx, r1, r2); err != nil {
+			return err
+		}
+		if string(b1) != "half" || string(b2) != "dup!" {
+			return fmt.Errorf("got %q on half, %q on dup", b1, b2)
+		}
+		// Sendrecv around the ring.
+		out := []byte{byte(w.Rank())}
+		in := make([]byte, 1)
+		st, err := w.Sendrecv(ctx, out, (w.Rank()+1)%4, 0, in, (w.Rank()+3)%4, 0)
+		if err != nil || int(in[0]) != (w.Rank()+3)%4 || st.Source != (w.Rank()+3)%4 {
+			return fmt.Errorf("sendrecv: %v %v", in, err)
+		}
+		return nil
+	})
+}
+
+// TestManyOutstanding: thousands of non-blocking sends and receives in
+// flight at once, more than the rings hold, complete with Waitany.
+func TestManyOutstanding(t *testing.T) {
+	comms := world(t, 2, nil)
+	const n = 3000
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		peer := 1 - c.Rank()
+		var reqs []*Request
+		for i := range n {
+			b := make([]byte, 512)
+			r, err := c.Irecv(b, peer, i%7)
+			if err != nil {
+				return err
+			}
+			reqs = append(reqs, r)
+		}
+		for i := range n {
+			r, err := c.Isend(pattern(i, 512), peer, i%7)
+			if err != nil {
+				return err
+			}
+			reqs = append(reqs, r)
+		}
+		left := len(reqs)
+		for left > 0 {
+			i, _, err := Waitany(ctx, reqs...)
+			if err != nil {
+				return err
+			}
+			reqs[i] = reqs[len(reqs)-1]
+			reqs = reqs[:len(reqs)-1]
+			left--
+		}
+		return nil
+	})
+}
+
+// TestOtherNode: a rank of another node is not reachable yet: the send
+// says so.
+func TestOtherNode(t *testing.T) {
+	comms := world(t, 2, func(r int) int { return r })
+	if _, err := comms[0].Isend([]byte("x"), 1, 0); !errors.Is(err, transport.ErrUnreachable) {
+		t.Fatalf("send to another node: %v", err)
+	}
+}

@@ -1,0 +1,230 @@
+package comm
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/xrcrun/xrc/transport"
+	"github.com/xrcrun/xrc/transport/shm"
+)
+
+// engine is a process's progress engine: its transports, the matching
+// queues of every communicator, and the rendezvous in flight. One lock
+// guards it all; one goroutine at a time (the holder of the progress
+// token) drives the transports and sleeps on the rank's bell when nothing
+// happens, while other waiting goroutines wait for their requests or for
+// the token.
+type engine struct {
+	mu     sync.Mutex
+	log    *slog.Logger
+	rank   int // world rank
+	shm    *shm.Transport
+	trs    []transport.Transport // distinct transports, for progress
+	routes []transport.Transport // by world rank; nil: unreachable
+	nodes  []int                 // node of each world rank
+
+	comms      map[uint32]*Comm
+	posted     map[uint32][]*Request // receives posted, in order, by context
+	unexpected map[uint32][]*inMsg   // messages that came first, in order, by context
+	arrived    chan struct{}         // closed (and replaced) when a message is queued unexpected
+	sends      map[uint64]*Request   // rendezvous sends waiting for their finish frame
+	pulls      map[uint64]*Request   // receives whose message is being pulled
+	nextID     uint64
+	backlog    map[int][]queued // frames to a rank that did not fit yet, in order
+	bad        uint64           // malformed or impossible frames received
+
+	token    chan struct{} // held by the goroutine driving progress
+	eagerMax int           // largest payload sent eagerly
+	spin     time.Duration // how long a driver polls before it sleeps
+	fatal    func() error  // non-nil when the job is gone (abort, lost server)
+}
+
+// queued is a frame waiting for room in its receiver's buffers, and the
+// eager send it completes once it is out.
+type queued struct {
+	f []byte
+	r *Request
+}
+
+// inMsg is a message that arrived before its receive was posted: an eager
+// one's payload (copied), or a rendezvous' Remote.
+type inMsg struct {
+	h      header
+	world  int // the sender's world rank, as the transport says
+	data   []byte
+	remote transport.Remote
+}
+
+func (e *engine) route(world int) (transport.Transport, error) {
+	if world < 0 || world >= len(e.routes) || e.routes[world] == nil {
+		return nil, fmt.Errorf("comm: no transport reaches rank %d from rank %d (node %d to node %d): %w",
+			world, e.rank, e.nodes[e.rank], e.nodes[min(max(world, 0), len(e.nodes)-1)], transport.ErrUnreachable)
+	}
+	return e.routes[world], nil
+}
+
+// send sends a frame to world rank dst through tr, or queues a copy of it
+// behind the frames already waiting for that rank. It returns whether the
+// frame went out; a queued one completes r (if not nil) when it does. The
+// lock is held.
+func (e *engine) send(tr transport.Transport, dst int, r *Request, parts ...[]byte) (bool, error) {
+	if len(e.backlog[dst]) == 0 {
+		ok, err := tr.TrySend(dst, parts...)
+		if err != nil || ok {
+			return ok, err
+		}
+	}
+	var f []byte
+	for _, p := range parts {
+		f = append(f, p...)
+	}
+	e.backlog[dst] = append(e.backlog[dst], queued{f, r})
+	return false, nil
+}
+
+// flush sends what the backlog holds, in order, as far as the receivers
+// have room. The lock is held.
+func (e *engine) flush() (int, error) {
+	n := 0
+	for dst, qs := range e.backlog {
+		tr := e.routes[dst]
+		for len(qs) > 0 {
+			ok, err := tr.TrySend(dst, qs[0].f)
+			if err != nil {
+				return n, err
+			}
+			if !ok {
+				break
+			}
+			if r := qs[0].r; r != nil {
+				r.complete(r.st, nil)
+			}
+			qs[0] = queued{}
+			qs = qs[1:]
+			n++
+		}
+		if len(qs) == 0 {
+			delete(e.backlog, dst)
+		} else {
+			e.backlog[dst] = qs
+		}
+	}
+	return n, nil
+}
+
+// progress runs every transport once. The lock is held.
+func (e *engine) progress() (int, error) {
+	n, err := e.flush()
+	if err != nil {
+		return n, err
+	}
+	for _, tr := range e.trs {
+		k, err := tr.Progress(e)
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// progressOnce progresses if no other goroutine is driving.
+func (e *engine) progressOnce() {
+	select {
+	case e.token <- struct{}{}:
+		e.mu.Lock()
+		if _, err := e.progress(); err != nil {
+			e.log.Error("progress", "err", err)
+		}
+		e.mu.Unlock()
+		<-e.token
+	default:
+	}
+}
+
+// await returns once cond holds, or with the context's or the job's error.
+// chans are closed when cond may have come to hold. The caller drives
+// progress while it holds the token; otherwise it waits for the token or
+// for one of chans.
+func (e *engine) await(ctx context.Context, cond func() bool, chans ...<-chan struct{}) error {
+	var cases []reflect.SelectCase
+	for !cond() {
+		if err := e.fatal(); err != nil {
+			return err
+		}
+		if len(chans) == 1 {
+			select {
+			case <-chans[0]:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			case e.token <- struct{}{}:
+			}
+		} else {
+			if cases == nil {
+				cases = selectCases(ctx, e.token, chans)
+			}
+			switch i, _, _ := reflect.Select(cases); i {
+			case 0:
+				return ctx.Err()
+			case 1:
+			default:
+				continue
+			}
+		}
+		err := e.drive(ctx, cond)
+		<-e.token
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// drive progresses until cond holds, polling for e.spin after the last
+// thing that happened and then sleeping on the rank's bell. The caller
+// holds the token.
+func (e *engine) drive(ctx context.Context, cond func() bool) error {
+	stop := context.AfterFunc(ctx, func() { e.shm.Bell().Kick() })
+	defer stop()
+	idleSince := time.Now()
+	for i := 0; ; i++ {
+		e.mu.Lock()
+		n, err := e.progress()
+		e.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if cond() {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := e.fatal(); err != nil {
+			return err
+		}
+		if n > 0 {
+			idleSince = time.Time{}
+			continue
+		}
+		if idleSince.IsZero() {
+			idleSince = time.Now()
+			continue
+		}
+		if i&15 != 0 || time.Since(idleSince) < e.spin {
+			continue
+		}
+		// Sleep until a sender rings; the timeout bounds how late a
+		// wake-up that is not a frame (a backlog's room, the job's
+		// end) is noticed.
+		if err := e.shm.Bell().Wait(10 * time.Millisecond); err != nil {
+			return err
+		}
+		idleSince = time.Time{}
+	}
+}

@@ -1,0 +1,144 @@
+package comm
+
+import (
+	"fmt"
+
+	"github.com/xrcrun/xrc/transport"
+)
+
+// Deliver takes a frame from world rank from (transport.Handler). The
+// engine's lock is held: progress runs under it.
+func (e *engine) Deliver(from int, f []byte) {
+	h, body, err := parseFrame(f)
+	if err != nil {
+		e.bad++
+		e.log.Warn("dropped a frame", "from", from, "err", err)
+		return
+	}
+	if h.kind == kindFIN {
+		r := e.sends[h.id]
+		if r == nil || r.rdvWorld != from {
+			e.bad++
+			e.log.Warn("finish frame for no send", "from", from, "id", h.id)
+			return
+		}
+		delete(e.sends, h.id)
+		err := r.tr.Unexpose(r.remote)
+		r.complete(r.st, err)
+		return
+	}
+	m := &inMsg{h: h, world: from}
+	for i, r := range e.posted[h.ctx] {
+		if r.c.matches(r, m) {
+			q := e.posted[h.ctx]
+			copy(q[i:], q[i+1:])
+			q[len(q)-1] = nil
+			e.posted[h.ctx] = q[:len(q)-1]
+			e.deliverTo(r, m, body)
+			return
+		}
+	}
+	// Unexpected: keep a copy, since body is the transport's until we
+	// return.
+	if h.kind == kindEager {
+		m.data = append([]byte(nil), body...)
+	} else {
+		m.remote = append(transport.Remote(nil), body...)
+	}
+	e.unexpected[h.ctx] = append(e.unexpected[h.ctx], m)
+	close(e.arrived)
+	e.arrived = make(chan struct{})
+}
+
+// matches reports whether message m (in c's context) is for receive r: its
+// source and tag, and a sender that is the communicator's member it says
+// it is.
+func (c *Comm) matches(r *Request, m *inMsg) bool {
+	src := int(m.h.src)
+	if src >= c.size || c.ranks[src] != m.world {
+		return false
+	}
+	return (r.src == AnySource || r.src == src) && (r.tag == AnyTag || r.tag == int(m.h.tag))
+}
+
+// deliverTo gives message m to receive r: copies an eager payload, or
+// starts pulling a rendezvous one. body is m's payload or Remote when m
+// came just now, and nil when m was queued (its copies are in m).
+func (e *engine) deliverTo(r *Request, m *inMsg, body []byte) {
+	st := Status{Source: int(m.h.src), Tag: int(m.h.tag)}
+	if m.h.kind == kindEager {
+		if body == nil {
+			body = m.data
+		}
+		st.Count = copy(r.buf, body)
+		var err error
+		if len(body) > len(r.buf) {
+			err = fmt.Errorf("%w: %d bytes into %d", ErrTruncate, len(body), len(r.buf))
+		}
+		r.complete(st, err)
+		return
+	}
+	if body == nil {
+		body = m.remote
+	}
+	n := min(uint64(len(r.buf)), m.h.length)
+	st.Count = int(n)
+	r.st, r.trunc = st, m.h.length > uint64(len(r.buf))
+	r.rdvWorld, r.rdvID, r.msgLen = m.world, m.h.id, m.h.length
+	tr, err := e.route(m.world)
+	if err == nil {
+		e.nextID++
+		e.pulls[e.nextID] = r
+		if err = tr.Read(m.world, r.buf[:n], body, e.nextID); err != nil {
+			delete(e.pulls, e.nextID)
+		}
+	}
+	if err != nil {
+		e.finish(r, fmt.Errorf("comm: pulling %d bytes from rank %d: %w", n, st.Source, err))
+	}
+}
+
+// ReadDone completes a pull (transport.Handler).
+func (e *engine) ReadDone(cookie uint64, err error) {
+	r := e.pulls[cookie]
+	if r == nil {
+		e.bad++
+		return
+	}
+	delete(e.pulls, cookie)
+	if err != nil {
+		err = fmt.Errorf("comm: pulling %d bytes from rank %d: %w", r.st.Count, r.st.Source, err)
+	}
+	e.finish(r, err)
+}
+
+// finish ends a rendezvous receive: the sender learns that its buffer is
+// free, and the receive completes.
+func (e *engine) finish(r *Request, err error) {
+	var fin [hdrLen]byte
+	(&header{kind: kindFIN, ctx: r.c.ctx, src: int32(r.c.rank), id: r.rdvID}).put(fin[:])
+	if tr, rerr := e.route(r.rdvWorld); rerr == nil {
+		if _, serr := e.send(tr, r.rdvWorld, nil, fin[:]); serr != nil && err == nil {
+			err = serr
+		}
+	}
+	if err == nil && r.trunc {
+		err = fmt.Errorf("%w: %d bytes into %d", ErrTruncate, r.msgLen, len(r.buf))
+	}
+	r.complete(r.st, err)
+}
+
+// takeUnexpected removes and returns the first queued message of c's
+// context that r matches, or nil.
+func (e *engine) takeUnexpected(c *Comm, r *Request) *inMsg {
+	q := e.unexpected[c.ctx]
+	for i, m := range q {
+		if c.matches(r, m) {
+			copy(q[i:], q[i+1:])
+			q[len(q)-1] = nil
+			e.unexpected[c.ctx] = q[:len(q)-1]
+			return m
+		}
+	}
+	return nil
+}

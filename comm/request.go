@@ -1,0 +1,166 @@
+package comm
+
+import (
+	"context"
+	"errors"
+	"reflect"
+
+	"github.com/xrcrun/xrc/transport"
+)
+
+// Status describes a message that was received or probed.
+type Status struct {
+	Source int // the sender's rank in the communicator
+	Tag    int
+	Count  int // bytes received (Recv) or in the message (Probe)
+}
+
+// Wildcards for receives and probes.
+const (
+	AnySource = -1
+	AnyTag    = -1
+)
+
+// ErrTruncate reports a message longer than the receive buffer: the
+// buffer holds its first bytes and the status says how many.
+var ErrTruncate = errors.New("comm: message longer than the receive buffer")
+
+// Request is a send or receive in progress (Isend, Irecv). Its buffer
+// belongs to the request until it completes: the caller must not touch it
+// before Wait or Test says so.
+type Request struct {
+	e    *engine
+	done chan struct{}
+	st   Status
+	err  error
+
+	// A receive: where it goes and what it matches.
+	recv     bool
+	c        *Comm
+	buf      []byte
+	src, tag int
+
+	// A receive being pulled (rendezvous): the sender's world rank and
+	// its request id, for the finish frame; whether the message was
+	// longer than buf.
+	// A rendezvous send: the receiver's world rank, whose finish frame
+	// completes it.
+	rdvWorld int
+	rdvID    uint64
+	msgLen   uint64
+	trunc    bool
+
+	// A rendezvous send: what it exposed, until the receiver's finish,
+	// and the buffer, kept reachable so that the garbage collector does
+	// not free memory a peer is reading.
+	tr     transport.Transport
+	remote transport.Remote
+	sbuf   []byte
+}
+
+func newRequest(e *engine) *Request { return &Request{e: e, done: make(chan struct{})} }
+
+// complete ends the request; the engine's lock is held.
+func (r *Request) complete(st Status, err error) {
+	r.st, r.err = st, err
+	r.buf, r.sbuf = nil, nil
+	close(r.done)
+}
+
+func (r *Request) isDone() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Wait blocks until the request completes or ctx ends, driving the
+// rank's progress meanwhile, and returns its status.
+func (r *Request) Wait(ctx context.Context) (Status, error) {
+	if err := r.e.await(ctx, r.isDone, r.done); err != nil {
+		return Status{}, err
+	}
+	return r.st, r.err
+}
+
+// Test progresses once and reports whether the request is complete, with
+// its status if so.
+func (r *Request) Test() (bool, Status, error) {
+	if !r.isDone() {
+		r.e.progressOnce()
+	}
+	if !r.isDone() {
+		return false, Status{}, nil
+	}
+	return true, r.st, r.err
+}
+
+// Waitall waits for every request and returns their statuses, and the
+// errors of those that failed, joined.
+func Waitall(ctx context.Context, reqs ...*Request) ([]Status, error) {
+	sts := make([]Status, len(reqs))
+	var errs []error
+	for i, r := range reqs {
+		st, err := r.Wait(ctx)
+		if ctx.Err() != nil {
+			return sts, ctx.Err()
+		}
+		sts[i] = st
+		errs = append(errs, err)
+	}
+	return sts, errors.Join(errs...)
+}
+
+// Waitany waits until one of reqs completes and returns its index and
+// status. Requests already reported may be passed again: they are ready.
+func Waitany(ctx context.Context, reqs ...*Request) (int, Status, error) {
+	if len(reqs) == 0 {
+		return -1, Status{}, errors.New("comm: Waitany of no requests")
+	}
+	idx := -1
+	ready := func() bool {
+		for i, r := range reqs {
+			if r.isDone() {
+				idx = i
+				return true
+			}
+		}
+		return false
+	}
+	chans := make([]<-chan struct{}, len(reqs))
+	for i, r := range reqs {
+		chans[i] = r.done
+	}
+	if err := reqs[0].e.await(ctx, ready, chans...); err != nil {
+		return -1, Status{}, err
+	}
+	return idx, reqs[idx].st, reqs[idx].err
+}
+
+// Testall progresses once and reports whether all reqs are complete.
+func Testall(reqs ...*Request) bool {
+	if len(reqs) > 0 {
+		reqs[0].e.progressOnce()
+	}
+	for _, r := range reqs {
+		if !r.isDone() {
+			return false
+		}
+	}
+	return true
+}
+
+// selectCases builds the cases await selects on: the context, the
+// progress token, then the channels that say the condition may hold.
+func selectCases(ctx context.Context, token chan struct{}, chans []<-chan struct{}) []reflect.SelectCase {
+	cs := []reflect.SelectCase{
+		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+		{Dir: reflect.SelectSend, Chan: reflect.ValueOf(token), Send: reflect.ValueOf(struct{}{})},
+	}
+	for _, c := range chans {
+		cs = append(cs, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(c)})
+	}
+	return cs
+}
