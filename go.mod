@@ -2,7 +2,13 @@ module github.com/xrcrun/xrc
 
 go 1.26.0
 
-require golang.org/x/sys v0.50.0
+require (
+	github.com/hashicorp/go-multierror v1.1.1
+	golang.org/x/sys v0.50.0
+	golang.org/x/term v0.48.0
+)
+
+require github.com/hashicorp/errwrap v1.0.0 // indirect
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
