@@ -40,6 +40,7 @@ type launchConfig struct {
 	grace     time.Duration
 	verbose   bool
 	noSlurm   bool
+	jobID     string
 	program   string
 	args      []string
 }
@@ -92,6 +93,7 @@ func launchFlags(stderr io.Writer) (*flag.FlagSet, *launchConfig) {
 	fs.DurationVar(&c.grace, "grace", 3*time.Second, "how long ranks have between SIGTERM and SIGKILL when the job ends early")
 	fs.BoolVar(&c.verbose, "v", false, "log what the launcher and agents do")
 	fs.BoolVar(&c.noSlurm, "no-slurm", false, "ignore a Slurm allocation: run on this machine")
+	fs.StringVar(&c.jobID, "job-id", "", "the job's `name` (XRC_JOB_ID; letters, digits, - and _, at most 32; default: random)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: xrcrun [flags] PROGRAM [ARGS...]
 
@@ -143,6 +145,9 @@ func parseLaunch(args []string, stderr io.Writer) (*launchConfig, error) {
 	if !oneOf(c.connect, "eager", "lazy") {
 		return nil, fmt.Errorf("--connect %q: eager or lazy", c.connect)
 	}
+	if c.jobID != "" && (len(c.jobID) > 32 || strings.Trim(c.jobID, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") != "") {
+		return nil, fmt.Errorf("--job-id %q: at most 32 letters, digits, - and _", c.jobID)
+	}
 	if c.baseAddr != "" {
 		a, err := netip.ParseAddr(c.baseAddr)
 		if err != nil || !a.Is4() {
@@ -185,6 +190,9 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	id, key := newJobID()
+	if c.jobID != "" {
+		id = c.jobID
+	}
 	log = log.With("job", id)
 	prog, cleanup, err := resolveProgram(ctx, c.program, mode != modeLocal, stderr)
 	if err != nil {
