@@ -162,8 +162,8 @@ func (j *job) nodeLost(node int, why string) {
 		}
 		lost = true
 		if !j.ending { // else the job is ending anyway
-			j.failures = append(j.failures, rankFailure{Rank: r, Node: node, Host: j.hostOf(node), Code: -1,
-				Detail: "lost: " + why, Time: time.Now().UnixNano()})
+			j.failures = append(j.failures, rankFailure{Rank: r, Node: node, Host: j.hostOf(node), Lost: true,
+				Detail: why, Time: time.Now().UnixNano()})
 		}
 		j.rankEnded(r)
 	}

@@ -19,6 +19,7 @@ type rankFailure struct {
 	Host       string
 	Code       int    // exit status; -1 for a signal
 	Signal     int    // the signal that killed it
+	Lost       bool   // it went with its node (the agent failed or went away)
 	Detail     string // why, when the agent knows more (it could not start, its node was lost)
 	Time       int64  // when it was seen, Unix ns: the first failure is the cause
 }
@@ -30,6 +31,8 @@ func (f rankFailure) Error() string {
 	}
 	var what string
 	switch {
+	case f.Lost:
+		return fmt.Sprintf("rank %d (%s): lost: %s", f.Rank, where, f.Detail)
 	case f.Signal > 0:
 		what = fmt.Sprintf("killed by signal %d (%s)", f.Signal, syscall.Signal(f.Signal))
 	default:
