@@ -80,7 +80,7 @@ func startJob(t *testing.T, dir string, env []string, args ...string) *xjob {
 	j := &xjob{t: t, id: fmt.Sprintf("t%d-%d", os.Getpid(), rand.IntN(1e9)), lines: make(chan string, 4096), done: make(chan struct{})}
 	j.cmd = exec.Command(xrcrun, append([]string{"--job-id", j.id}, args...)...)
 	j.cmd.Dir = dir
-	j.cmd.Env = append(os.Environ(), env...)
+	j.cmd.Env = append(envList(os.Environ(), slurmVars()...), env...) // not inside a Slurm job the tests may run in
 	j.cmd.Stderr = &j.stderr
 	out, err := j.cmd.StdoutPipe()
 	if err != nil {
@@ -109,6 +109,17 @@ func startJob(t *testing.T, dir string, env []string, args ...string) *xjob {
 		close(j.done)
 	}()
 	return j
+}
+
+// slurmVars lists the SLURM_ variables of this environment.
+func slurmVars() []string {
+	var names []string
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "SLURM_") {
+			names = append(names, name)
+		}
+	}
+	return names
 }
 
 // wait waits for xrcrun to exit (at most limit) and returns its exit

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -10,6 +11,10 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	_ "github.com/xrcrun/xrc/mlx4"
+	_ "github.com/xrcrun/xrc/softhca" // the soft verbs driver
+	"github.com/xrcrun/xrc/verbs"
 )
 
 func main() {
@@ -19,6 +24,7 @@ func main() {
 	ignoreTerm := flag.Bool("ignore-term", false, "ignore SIGTERM")
 	child := flag.Bool("child", false, "start a child process that sleeps, in the rank's process group")
 	lines := flag.Int("lines", 1, "how many lines to print")
+	open := flag.Bool("open", false, "open the node's device (XRC_DEVICE) and print its port's GID")
 	flag.Parse()
 	if *ignoreTerm {
 		signal.Ignore(syscall.SIGTERM)
@@ -31,6 +37,12 @@ func main() {
 			os.Getenv("XRC_RUNTIME_DIR"), os.Getpid(), i, os.Getenv("XRCRUN_TEST_X"))
 	}
 	fmt.Fprintf(os.Stderr, "stderr of rank %d transport %s connect %s\n", rank, os.Getenv("XRC_TRANSPORT"), os.Getenv("XRC_CONNECT"))
+	if *open {
+		if err := printGID(os.Getenv("XRC_DEVICE")); err != nil {
+			fmt.Fprintf(os.Stderr, "rank %d: %v\n", rank, err)
+			os.Exit(1)
+		}
+	}
 	if *child {
 		self, _ := os.Executable()
 		_ = self
@@ -48,4 +60,18 @@ func main() {
 			time.Sleep(time.Hour)
 		}
 	}
+}
+
+func printGID(name string) error {
+	c, err := verbs.Open(context.Background(), name, verbs.Config{})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	p, err := c.QueryPort(1)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("gid %s\n", p.GID)
+	return nil
 }
