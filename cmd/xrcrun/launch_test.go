@@ -405,3 +405,24 @@ func TestLaunchErrors(t *testing.T) {
 		t.Errorf("exit status %d, want 127\n%s", st, j.stderr.String())
 	}
 }
+
+// TestLaunchKilledLauncher: when xrcrun itself is killed (SIGKILL, nothing
+// to clean up with), its agents, its ranks and what the ranks started go
+// too.
+func TestLaunchKilledLauncher(t *testing.T) {
+	t.Parallel()
+	_, rank := tools(t)
+	j := startJob(t, ".", nil, "-n", "4", "--nodes", "2", rank, "-hang", "-child")
+	j.waitLines(4, regexp.MustCompile(`^child \d+$`), time.Minute)
+	if n := len(jobProcs(j.id)); n < 2+4+4 {
+		t.Fatalf("%d processes of the job before the kill, want at least 10", n)
+	}
+	j.cmd.Process.Kill()
+	<-j.done
+	for deadline := time.Now().Add(30 * time.Second); len(jobProcs(j.id)) > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			j.checkGone()
+			return
+		}
+	}
+}

@@ -65,10 +65,12 @@ func (j *job) startAgents(ctx context.Context, spec agentSpec) error {
 
 // launch starts cmd, which runs the agents of nodes: in a process group of
 // its own (so that a Ctrl-C at the terminal reaches only the launcher, which
-// ends the job in order), killed if the launcher dies, its output on the
-// launcher's stderr, and spec, if any, on its stdin.
+// ends the job in order), its output on the launcher's stderr, and spec, if
+// any, on its stdin. If the launcher dies, cmd gets SIGTERM: an agent then
+// kills its ranks' process groups (SIGKILL would leave what the ranks
+// started), ssh and srun end their remote side.
 func (j *job) launch(cmd *exec.Cmd, what string, nodes []int, spec *agentSpec) error {
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	cmd.Stdout, cmd.Stderr = j.stderr, j.stderr
 	if spec != nil {
 		b, err := json.Marshal(spec)
