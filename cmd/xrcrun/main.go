@@ -21,12 +21,21 @@ import (
 
 func main() {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	sigs := make(chan os.Signal, 1)
+	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		s := <-sigs
-		signal.Stop(sigs) // a second signal kills xrcrun, and its children with it
 		cancel(signalCause{s})
+		for s := range sigs {
+			// A second signal ends the launcher at once (its agents then
+			// end their ranks). Agents ignore it: the kernel may send their
+			// parent-death signal more than once, as the launcher's threads
+			// exit one by one.
+			if len(os.Args) < 2 || os.Args[1] != "agent" {
+				fmt.Fprintln(os.Stderr, "xrcrun: second signal; exiting now")
+				os.Exit(signalCause{s}.ExitStatus())
+			}
+		}
 	}()
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	if err == nil {

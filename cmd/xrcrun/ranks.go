@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -35,10 +37,23 @@ func (p *rankProc) signal(sig syscall.Signal, asked bool) {
 	if p.exited.Load() {
 		return
 	}
-	if asked {
+	if asked && !zombie(p.cmd.Process.Pid) {
 		p.signaled.Store(true)
 	}
 	syscall.Kill(-p.cmd.Process.Pid, sig)
+}
+
+// zombie says the process has exited and waits to be reaped: a signal
+// sent now did not end it. The agent may not have reaped a rank yet when
+// the launcher ends the job because of that very rank (or one that failed
+// because of it), and that rank's exit must still count as a failure.
+func zombie(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')') // the command name may hold anything
+	return i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
 }
 
 // startRank starts rank r (local rank local of size on this node) and a
