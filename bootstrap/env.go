@@ -1,7 +1,3 @@
-// Package bootstrap is the TCP rendezvous through which the ranks of a job
-// find each other: a server run by the launcher (or by rank 0 when ranks
-// are started by something else) and a client per rank. Only members of
-// the job, who hold its random key, can join.
 package bootstrap
 
 import (

@@ -39,7 +39,8 @@ type Context struct {
 	cqe    int // CQE size in bytes
 	vector uint32
 
-	qps qpTable // QPs by number, for CQ polling
+	qps   qpTable       // QPs by number, for CQ polling
+	xsrqs numTable[SRQ] // XRC SRQs by number, for CQ polling
 
 	db dbAllocator
 

@@ -106,8 +106,23 @@ func (cq *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {
 }
 
 // complete turns a CQE into a work completion, retiring the WQE it names.
+// A receive of an XRC receive QP names its XRC SRQ by number in the
+// g_mlpath_rqpn word, as the hardware writes it: the SRQ is found by that
+// number, the QP (which this process may not even have opened) is not
+// needed.
 func (cq *CQ) complete(e *mlx4hw.CQE, wc *verbs.WorkCompletion) error {
 	qpn := e.MyQPN
+	if qpn&mlx4hw.XRCQPNBit != 0 && !e.IsSend {
+		srqn := e.GMLPath & mlx4hw.CQEQPNMask
+		srq := cq.ctx.xsrqs.find(srqn)
+		if srq == nil {
+			return unix.Errorf(unix.EIO, "cqe of xrc qp %#x for unknown xrc srq %#x", qpn, srqn)
+		}
+		id := srq.retire(e.WQEIndex)
+		fillWC(e, wc)
+		wc.WRID = id
+		return nil
+	}
 	qp := cq.lastQP
 	if qp == nil || qp.qpn != qpn {
 		qp = cq.ctx.findQP(qpn)
@@ -248,6 +263,24 @@ func (cq *CQ) EventDelivered() {
 // advances past the freed slots. freeSRQ, when not nil, takes back the SRQ
 // WQEs the removed receive CQEs consumed.
 func (cq *CQ) clean(qpn uint32, srq *SRQ) {
+	cq.cleanWhere(func(c *mlx4hw.CQE) bool { return c.MyQPN == qpn }, srq)
+	cq.mu.Lock()
+	if cq.lastQP != nil && cq.lastQP.qpn == qpn {
+		cq.lastQP = nil
+	}
+	cq.mu.Unlock()
+}
+
+// cleanXSRQ removes the unpolled receive completions of the XRC SRQ s,
+// whichever QP they came through, and takes back their WQEs.
+func (cq *CQ) cleanXSRQ(s *SRQ) {
+	cq.cleanWhere(func(c *mlx4hw.CQE) bool {
+		return c.MyQPN&mlx4hw.XRCQPNBit != 0 && !c.IsSend && c.GMLPath&mlx4hw.CQEQPNMask == s.srqn
+	}, s)
+}
+
+// cleanWhere removes the unpolled CQEs that match, as clean does.
+func (cq *CQ) cleanWhere(match func(*mlx4hw.CQE) bool, srq *SRQ) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	prod := cq.ci
@@ -259,7 +292,7 @@ func (cq *CQ) clean(qpn uint32, srq *SRQ) {
 		i--
 		e := cq.entry(i)
 		c, _ := mlx4hw.DecodeCQE(e)
-		if c.MyQPN == qpn {
+		if match(&c) {
 			if srq != nil && !c.IsSend {
 				srq.retire(c.WQEIndex)
 			}
@@ -276,9 +309,6 @@ func (cq *CQ) clean(qpn uint32, srq *SRQ) {
 	if freed > 0 {
 		cq.ci += freed
 		mlx4hw.StoreBE32(cq.db[0:], cq.ci&0xffffff)
-	}
-	if cq.lastQP != nil && cq.lastQP.qpn == qpn {
-		cq.lastQP = nil
 	}
 }
 

@@ -107,8 +107,12 @@ func roundPow2(n uint32) uint32 {
 // record, and issues CREATE_QP.
 func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 	c := pd.ctx
-	if attr.Type != verbs.QPTRC && attr.Type != verbs.QPTUC {
+	if attr.Type != verbs.QPTRC && attr.Type != verbs.QPTUC && attr.Type != verbs.QPTXRCIni {
 		return nil, unix.Errorf(unix.EOPNOTSUPP, "qp type %v", attr.Type)
+	}
+	ini := attr.Type == verbs.QPTXRCIni
+	if ini != (attr.RecvCQ == nil) || ini && attr.SRQ != nil {
+		return nil, unix.Errorf(unix.EINVAL, "%v qp: a receive CQ or SRQ where it has no receive queue, or none where it has one", attr.Type)
 	}
 	dev, err := c.deviceAttr()
 	if err != nil {
@@ -121,7 +125,10 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 	if cp.MaxInlineData > 1024 {
 		return nil, unix.Errorf(unix.EINVAL, "%d bytes of inline data, at most 1024", cp.MaxInlineData)
 	}
-	qp := &QP{ctx: c, typ: attr.Type, sendCQ: attr.SendCQ.(*CQ), recvCQ: attr.RecvCQ.(*CQ)}
+	qp := &QP{ctx: c, typ: attr.Type, sendCQ: attr.SendCQ.(*CQ)}
+	if attr.RecvCQ != nil {
+		qp.recvCQ = attr.RecvCQ.(*CQ)
+	}
 	if attr.SRQ != nil {
 		qp.srq = attr.SRQ.(*SRQ)
 	}
@@ -132,7 +139,7 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 	qp.sq.shift = sqWQEShift(cp)
 	qp.spare = (2048 >> qp.sq.shift) + 1
 	qp.sq.cnt = roundPow2(cp.MaxSendWR + qp.spare)
-	if qp.srq == nil {
+	if qp.srq == nil && !ini {
 		cp.MaxRecvWR = max(cp.MaxRecvWR, 1)
 		cp.MaxRecvSGE = max(cp.MaxRecvSGE, 1)
 		qp.rq.cnt = roundPow2(cp.MaxRecvWR)
@@ -160,7 +167,7 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 	req := mlx4abi.CreateQP{
 		Core: uverbs.CreateQP{
 			UserHandle: attr.Handle, PDHandle: pd.handle,
-			SendCQHandle: qp.sendCQ.handle, RecvCQHandle: qp.recvCQ.handle,
+			SendCQHandle: qp.sendCQ.handle, RecvCQHandle: qp.sendCQ.handle,
 			MaxSendWR: cp.MaxSendWR, MaxRecvWR: cp.MaxRecvWR, MaxSendSGE: cp.MaxSendSGE,
 			MaxRecvSGE: cp.MaxRecvSGE, MaxInlineData: cp.MaxInlineData,
 			QPType: uint8(attr.Type),
@@ -168,6 +175,9 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 		Drv: mlx4abi.IBCreateQP{
 			BufAddr: addr(qp.mem.buf), DBAddr: addr(qp.mem.db), LogSQBbCount: logCnt, LogSQStride: uint8(qp.sq.shift),
 		},
+	}
+	if qp.recvCQ != nil {
+		req.Core.RecvCQHandle = qp.recvCQ.handle
 	}
 	if attr.SigAll {
 		req.Core.SQSigAll = 1
@@ -237,6 +247,9 @@ var sendOpcodes = [...]uint8{
 
 // PostSend builds one WQE per request and rings the send doorbell once.
 func (qp *QP) PostSend(wr *verbs.SendWR) error {
+	if qp.sq.cnt == 0 {
+		return &verbs.PostError{Index: 0, Err: unix.Error(unix.EINVAL, "qp has no send queue")}
+	}
 	qp.sqMu.Lock()
 	defer qp.sqMu.Unlock()
 	var err error
@@ -273,6 +286,11 @@ func (qp *QP) PostSend(wr *verbs.SendWR) error {
 			off += len(wr.SG) * mlx4hw.DataSegSize
 		}
 		flags := qp.sigAll
+		if qp.typ == verbs.QPTXRCIni {
+			// The XRC SRQ the message goes to, in the upper 24 bits
+			// of srcrb_flags.
+			flags |= wr.RemoteSRQNum << 8
+		}
 		if wr.Flags&verbs.SendSignaled != 0 {
 			flags |= mlx4hw.CtrlCQUpdate
 		}
@@ -432,11 +450,21 @@ func (qp *QP) Modify(a *verbs.QPAttr, mask verbs.QPAttrMask) error {
 	return nil
 }
 
+// cleanCQs removes the QP's unpolled CQEs from its CQs.
+func (qp *QP) cleanCQs() {
+	if qp.recvCQ != nil {
+		qp.recvCQ.clean(qp.qpn, qp.srq)
+	}
+	if qp.sendCQ != nil && qp.sendCQ != qp.recvCQ {
+		qp.sendCQ.clean(qp.qpn, nil)
+	}
+}
+
 // reset empties both rings after the device has forgotten them.
 func (qp *QP) reset() {
-	qp.recvCQ.clean(qp.qpn, qp.srq)
-	if qp.sendCQ != qp.recvCQ {
-		qp.sendCQ.clean(qp.qpn, nil)
+	qp.cleanCQs()
+	if qp.sq.cnt == 0 {
+		return // an XRC receive QP: no rings
 	}
 	qp.sqMu.Lock()
 	qp.sq.head = 0
@@ -478,10 +506,10 @@ func (qp *QP) Destroy() error {
 	if err := uverbs.Exec(qp.ctx.conn, uverbs.CmdDestroyQP, &req, &r); err != nil {
 		return err
 	}
-	qp.recvCQ.clean(qp.qpn, qp.srq)
-	if qp.sendCQ != qp.recvCQ {
-		qp.sendCQ.clean(qp.qpn, nil)
+	if qp.mem.buf == nil {
+		return nil // an XRC receive QP: no rings, not in the table
 	}
+	qp.cleanCQs()
 	qp.ctx.forgetQP(qp.qpn)
 	return qp.ctx.freeRing(qp.mem)
 }

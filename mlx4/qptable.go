@@ -7,29 +7,34 @@ import (
 	"sync/atomic"
 )
 
-// qpTable finds the QP a CQE names, by number, for CQ polling. Every
-// completion of a CQ shared by many QPs looks one up, so a lookup takes no
-// lock: two atomic loads in a table of pages of qpPageSize entries, indexed
-// by QP number (the kernel gives out QP numbers from a bounded range,
-// mostly in order, so the live ones sit in a few pages). Writers, creating
-// and destroying QPs, serialize on mu.
-type qpTable struct {
+// numTable finds the QP (or the XRC SRQ) a CQE names, by number, for CQ
+// polling. Every completion of a CQ shared by many QPs looks one up, so a
+// lookup takes no lock: two atomic loads in a table of pages of qpPageSize
+// entries, indexed by number (the kernel gives out QP and SRQ numbers from a
+// bounded range, mostly in order, so the live ones sit in a few pages).
+// Writers, creating and destroying objects, serialize on mu.
+type numTable[T any] struct {
 	mu    sync.Mutex
-	pages atomic.Pointer[[]atomic.Pointer[qpPage]] // by QP number >> qpPageShift
+	pages atomic.Pointer[[]atomic.Pointer[qpPage[T]]] // by number >> qpPageShift
 }
+
+// qpTable holds a context's QPs by QP number.
+type qpTable struct{ numTable[QP] }
+
+func (t *qpTable) store(qp *QP) { t.put(qp.qpn, qp) }
 
 const (
 	qpPageShift = 10
 	qpPageSize  = 1 << qpPageShift
 )
 
-type qpPage struct {
-	n   int // guarded by the table's mu: QPs in the page
-	qps [qpPageSize]atomic.Pointer[QP]
+type qpPage[T any] struct {
+	n   int // guarded by the table's mu: entries in the page
+	qps [qpPageSize]atomic.Pointer[T]
 }
 
-// find returns the QP numbered qpn, or nil.
-func (t *qpTable) find(qpn uint32) *QP {
+// find returns the entry numbered qpn, or nil.
+func (t *numTable[T]) find(qpn uint32) *T {
 	ps := t.pages.Load()
 	if ps == nil {
 		return nil
@@ -45,11 +50,11 @@ func (t *qpTable) find(qpn uint32) *QP {
 	return p.qps[qpn&(qpPageSize-1)].Load()
 }
 
-// store puts qp in the table under its number.
-func (t *qpTable) store(qp *QP) {
+// put puts v in the table under number qpn.
+func (t *numTable[T]) put(qpn uint32, v *T) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	i := int(qp.qpn >> qpPageShift)
+	i := int(qpn >> qpPageShift)
 	ps := t.pages.Load()
 	if ps == nil || i >= len(*ps) {
 		// A longer index, published whole: a reader sees the old one or
@@ -58,7 +63,7 @@ func (t *qpTable) store(qp *QP) {
 		if ps != nil {
 			n = len(*ps)
 		}
-		grown := make([]atomic.Pointer[qpPage], max(i+1, 2*n))
+		grown := make([]atomic.Pointer[qpPage[T]], max(i+1, 2*n))
 		for j := range n {
 			grown[j].Store((*ps)[j].Load())
 		}
@@ -67,16 +72,16 @@ func (t *qpTable) store(qp *QP) {
 	}
 	p := (*ps)[i].Load()
 	if p == nil {
-		p = new(qpPage)
+		p = new(qpPage[T])
 		(*ps)[i].Store(p)
 	}
-	if p.qps[qp.qpn&(qpPageSize-1)].Swap(qp) == nil {
+	if p.qps[qpn&(qpPageSize-1)].Swap(v) == nil {
 		p.n++
 	}
 }
 
-// forget takes QP qpn out of the table, and its page once empty.
-func (t *qpTable) forget(qpn uint32) {
+// forget takes entry qpn out of the table, and its page once empty.
+func (t *numTable[T]) forget(qpn uint32) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	ps := t.pages.Load()

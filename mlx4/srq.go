@@ -24,6 +24,7 @@ type SRQ struct {
 	shift  uint   // log2 of the WQE size
 	max    uint32 // WQEs in the ring, a power of two
 	maxGS  int
+	cq     *CQ // an XRC SRQ's CQ, where its completions land; nil for others
 
 	mu      sync.Mutex // guards the list and counter
 	head    uint32     // guarded by mu: next free WQE to post into
@@ -35,16 +36,37 @@ type SRQ struct {
 // CreateSRQ allocates the SRQ ring and issues CREATE_SRQ.
 func (pd *PD) CreateSRQ(attr verbs.SRQInit) (verbs.ProviderSRQ, error) {
 	c := pd.ctx
+	s, err := c.newSRQ(attr.Attr)
+	if err != nil {
+		return nil, err
+	}
+	req := mlx4abi.CreateSRQ{
+		Core: uverbs.CreateSRQ{UserHandle: attr.Handle, PDHandle: pd.handle,
+			MaxWR: attr.Attr.MaxWR, MaxSGE: attr.Attr.MaxSGE, SRQLimit: attr.Attr.SRQLimit},
+		Drv: mlx4abi.IBCreateSRQ{BufAddr: addr(s.buf), DBAddr: addr(s.db)},
+	}
+	var r mlx4abi.CreateSRQResp
+	if err := uverbs.Exec(c.conn, uverbs.CmdCreateSRQ, &req, &r); err != nil {
+		c.freeRing(s.ring)
+		return nil, err
+	}
+	s.handle, s.srqn = r.Core.SRQHandle, r.Drv.SRQN
+	return s, nil
+}
+
+// newSRQ checks the size of an SRQ against the device's limits, and lays
+// out and allocates its ring, every WQE linked into the free list.
+func (c *Context) newSRQ(attr verbs.SRQAttr) (*SRQ, error) {
 	dev, err := c.deviceAttr()
 	if err != nil {
 		return nil, err
 	}
-	if attr.Attr.MaxWR > dev.MaxSRQWR || attr.Attr.MaxSGE > dev.MaxSRQSGE {
+	if attr.MaxWR > dev.MaxSRQWR || attr.MaxSGE > dev.MaxSRQSGE {
 		return nil, unix.Errorf(unix.EINVAL, "srq of %d WRs with %d SGEs exceeds the device's %d and %d",
-			attr.Attr.MaxWR, attr.Attr.MaxSGE, dev.MaxSRQWR, dev.MaxSRQSGE)
+			attr.MaxWR, attr.MaxSGE, dev.MaxSRQWR, dev.MaxSRQSGE)
 	}
-	s := &SRQ{ctx: c, maxGS: int(attr.Attr.MaxSGE)}
-	s.max = uint32(1) << bits.Len32(attr.Attr.MaxWR) // roundup_pow_of_two(max_wr + 1)
+	s := &SRQ{ctx: c, maxGS: int(attr.MaxSGE)}
+	s.max = uint32(1) << bits.Len32(attr.MaxWR) // roundup_pow_of_two(max_wr + 1)
 	size := mlx4hw.SRQNextSegSize + s.maxGS*mlx4hw.DataSegSize
 	for s.shift = 5; 1<<s.shift < size; s.shift++ {
 	}
@@ -59,17 +81,6 @@ func (pd *PD) CreateSRQ(attr verbs.SRQInit) (verbs.ProviderSRQ, error) {
 	}
 	s.head, s.tail = 0, s.max-1
 	s.wrid = make([]uint64, s.max)
-	req := mlx4abi.CreateSRQ{
-		Core: uverbs.CreateSRQ{UserHandle: attr.Handle, PDHandle: pd.handle,
-			MaxWR: attr.Attr.MaxWR, MaxSGE: attr.Attr.MaxSGE, SRQLimit: attr.Attr.SRQLimit},
-		Drv: mlx4abi.IBCreateSRQ{BufAddr: addr(s.buf), DBAddr: addr(s.db)},
-	}
-	var r mlx4abi.CreateSRQResp
-	if err := uverbs.Exec(c.conn, uverbs.CmdCreateSRQ, &req, &r); err != nil {
-		c.freeRing(s.ring)
-		return nil, err
-	}
-	s.handle, s.srqn = r.Core.SRQHandle, r.Drv.SRQN
 	return s, nil
 }
 
@@ -151,11 +162,20 @@ func (s *SRQ) Query() (verbs.SRQAttr, error) {
 	return verbs.SRQAttr{MaxWR: r.MaxWR, MaxSGE: r.MaxSGE, SRQLimit: r.SRQLimit}, nil
 }
 
-// Destroy issues DESTROY_SRQ and frees the ring.
+// Destroy issues DESTROY_SRQ and frees the ring. An XRC SRQ first takes
+// its unpolled completions off its CQ and leaves the table CQ polling finds
+// it in, as libmlx4 does, and goes back in if the device refuses.
 func (s *SRQ) Destroy() error {
+	if s.cq != nil {
+		s.cq.cleanXSRQ(s)
+		s.ctx.xsrqs.forget(s.srqn)
+	}
 	req := uverbs.Cmd[uverbs.DestroySRQ]{Core: uverbs.DestroySRQ{SRQHandle: s.handle}}
 	var r uverbs.DestroySRQResp
 	if err := uverbs.Exec(s.ctx.conn, uverbs.CmdDestroySRQ, &req, &r); err != nil {
+		if s.cq != nil {
+			s.ctx.xsrqs.put(s.srqn, s)
+		}
 		return err
 	}
 	return s.ctx.freeRing(s.ring)

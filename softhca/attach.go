@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/xrcrun/xrc/internal/unix"
+	"github.com/xrcrun/xrc/internal/uverbs"
 	"github.com/xrcrun/xrc/mlx4"
 	"github.com/xrcrun/xrc/verbs"
 )
@@ -145,7 +146,11 @@ func (k *remoteKernel) Write(cmd []byte) (int, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	req := append(appendRequest(nil, msgCommand), cmd...)
-	body, fds, err := k.call(msgCommand, req)
+	pass, err := xrcdFile(cmd)
+	if err != nil {
+		return 0, err
+	}
+	body, fds, err := k.call(msgCommand, req, pass...)
 	if err != nil {
 		return 0, err
 	}
@@ -290,4 +295,23 @@ func ask(ctx context.Context, dir, name string, t msgType) ([]byte, error) {
 	body, fds, err := k.call(t, appendRequest(nil, t))
 	closeFDs(fds)
 	return body, err
+}
+
+// xrcdFile returns the descriptor to pass with a command: the file an
+// OPEN_XRCD command names (none for fd -1), which the device keys the
+// domain by. Other commands pass none.
+func xrcdFile(cmd []byte) ([]int, error) {
+	hdr, ok := uverbs.Decode[uverbs.CmdHdr](cmd)
+	if !ok || hdr.Command != uverbs.CmdOpenXRCD {
+		return nil, nil
+	}
+	req, ok := uverbs.Decode[uverbs.OpenXRCD](cmd[uverbs.HdrSize:])
+	if !ok || int32(req.FD) == -1 {
+		return nil, nil // the device judges a short command
+	}
+	fd := int(int32(req.FD))
+	if _, _, err := unix.FileID(fd); err != nil {
+		return nil, unix.Errorf(unix.EBADF, "open xrcd: descriptor %d: %v", fd, err)
+	}
+	return []int{fd}, nil
 }

@@ -20,12 +20,17 @@ type Client struct {
 	// Guarded by d.mu.
 	closed     bool
 	hasContext bool
-	objs       map[uint32]any // handle -> *pd, *mr, *cq, *srq, *qp, *compChannel
+	objs       map[uint32]any // handle -> *pd, *mr, *cq, *srq, *qp, *tgtOpen, *uxrcd
 	nextHandle uint32
 	channels   map[int32]*compChannel // by the fd number the client was given
 	asyncDev   int                    // the device's end of the async event socket
 	asyncUser  int                    // the client's end, until GET_CONTEXT hands it out
 	handedOut  []int                  // event fds given to the client since takeHandedOut
+	// remote: the client is in another process, whose descriptor numbers
+	// mean nothing here; passed holds the files it passed along with the
+	// command being run (OPEN_XRCD's), nil when none.
+	remote bool
+	passed []int
 }
 
 // memory is how the device reaches a client's memory.
@@ -166,16 +171,27 @@ func (c *Client) Close() error {
 		}
 	}
 	destroyAll("qp", func(h uint32, o any) (bool, error) {
-		q, ok := o.(*qp)
-		if ok {
-			d.destroyQP(q)
+		switch o := o.(type) {
+		case *qp:
+			d.destroyQP(o)
+		case *tgtOpen:
+			d.closeTgt(o)
+		default:
+			return false, nil
 		}
-		return ok, nil
+		return true, nil
 	})
 	destroyAll("srq", func(h uint32, o any) (bool, error) {
 		s, ok := o.(*srq)
 		if ok {
 			return true, d.destroySRQ(s)
+		}
+		return false, nil
+	})
+	destroyAll("xrcd", func(h uint32, o any) (bool, error) {
+		x, ok := o.(*uxrcd)
+		if ok {
+			return true, d.closeXRCD(x)
 		}
 		return false, nil
 	})

@@ -47,6 +47,10 @@ func init() {
 		uverbs.CmdModifyQP:          (*Device).cmdModifyQP,
 		uverbs.CmdQueryQP:           (*Device).cmdQueryQP,
 		uverbs.CmdDestroyQP:         (*Device).cmdDestroyQP,
+		uverbs.CmdOpenXRCD:          (*Device).cmdOpenXRCD,
+		uverbs.CmdCloseXRCD:         (*Device).cmdCloseXRCD,
+		uverbs.CmdCreateXSRQ:        (*Device).cmdCreateXSRQ,
+		uverbs.CmdOpenQP:            (*Device).cmdOpenQP,
 	}
 }
 

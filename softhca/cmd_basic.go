@@ -14,7 +14,7 @@ const (
 	vendorPartID = 4099     // ConnectX-3's part: the WQE and CQE formats it speaks
 	fwVer        = 1<<32 | 0<<16 | 0
 	deviceCaps   = uverbs.DeviceBadPkeyCntr | uverbs.DeviceBadQkeyCntr | uverbs.DevicePortActiveEvent |
-		uverbs.DeviceSysImageGUID | uverbs.DeviceRCRNRNakGen
+		uverbs.DeviceSysImageGUID | uverbs.DeviceRCRNRNakGen | uverbs.DeviceXRC
 	cqeSize = 32
 )
 

@@ -29,6 +29,7 @@ type Counters struct {
 	RNRNaksSent        atomic.Uint64 // RNR NAKs sent by the responder
 	RNRNaksReceived    atomic.Uint64
 	NaksSent           atomic.Uint64
+	XRCSRQErrors       atomic.Uint64 // XRC requests naming no XRC SRQ of their receive QP's domain
 	Retransmits        atomic.Uint64 // packets sent again
 	AckTimeouts        atomic.Uint64 // transport timer expirations
 
@@ -71,6 +72,7 @@ func (c *Counters) Each(f func(name, help string, v uint64)) {
 		{"rnr_naks_sent", "RNR NAKs sent.", &c.RNRNaksSent},
 		{"rnr_naks_received", "RNR NAKs received.", &c.RNRNaksReceived},
 		{"naks_sent", "NAKs sent.", &c.NaksSent},
+		{"xrc_srq_errors", "XRC requests naming no XRC SRQ of their receive QP's domain.", &c.XRCSRQErrors},
 		{"retransmits", "Packets sent again.", &c.Retransmits},
 		{"ack_timeouts", "Transport timer expirations.", &c.AckTimeouts},
 		{"fault_drops", "Packets dropped by fault injection.", &c.FaultDrops},

@@ -165,7 +165,7 @@ func (d *Device) failCQUsers(q *cq) {
 	for p := range d.qps.all {
 		if (p.scq == q || p.rcq == q) && p.state != qpstate.Err && p.state != qpstate.Reset {
 			d.setState(p, qpstate.Err)
-			p.client.asyncEvent(p.userHandle, evQPFatal)
+			d.qpEvent(p, evQPFatal)
 		}
 	}
 }

@@ -98,6 +98,7 @@ const (
 	maxQPInitRdAtm = 16
 	maxMRSize      = 1 << 40
 	maxInline      = 1024
+	maxXRCD        = 1 << 16
 	numCompVectors = 1
 	firstQPN       = 0x48
 )
@@ -120,20 +121,23 @@ type Device struct {
 	gone    chan struct{} // closed by Close
 	portUp  atomic.Bool
 
-	mu      sync.Mutex // guards everything below and the state of every object
-	closed  bool
-	clients map[*Client]struct{}
-	pds     map[uint32]*pd
-	mrs     map[uint32]*mr // by key index (key >> 8)
-	cqs     map[uint32]*cq
-	srqs    map[uint32]*srq
-	qps     qpTable
-	nextPDN uint32
-	nextMR  uint32
-	keyTag  uint8
-	nextCQN uint32
-	nextSRQ uint32
-	nextQPN uint32
+	mu       sync.Mutex // guards everything below and the state of every object
+	closed   bool
+	clients  map[*Client]struct{}
+	pds      map[uint32]*pd
+	mrs      map[uint32]*mr // by key index (key >> 8)
+	cqs      map[uint32]*cq
+	srqs     map[uint32]*srq
+	qps      qpTable
+	xrcds    map[fileKey]*xrcd // the domains opened from a file
+	nXRCD    int               // domains, shared or not
+	nextPDN  uint32
+	nextMR   uint32
+	keyTag   uint8
+	nextCQN  uint32
+	nextSRQ  uint32
+	nextQPN  uint32
+	nextXRCD uint32
 
 	counters Counters
 }
@@ -179,7 +183,8 @@ func New(ctx context.Context, cfg Config) (*Device, error) {
 		clients: map[*Client]struct{}{},
 		pds:     map[uint32]*pd{}, mrs: map[uint32]*mr{}, cqs: map[uint32]*cq{},
 		srqs:    map[uint32]*srq{},
-		nextPDN: 1, nextMR: 1, nextCQN: 1, nextSRQ: 1, nextQPN: firstQPN,
+		xrcds:   map[fileKey]*xrcd{},
+		nextPDN: 1, nextMR: 1, nextCQN: 1, nextSRQ: 1, nextQPN: firstQPN, nextXRCD: 1,
 	}
 	// The engine exists before the link, which may deliver at once; it
 	// starts once the device is complete.
@@ -293,7 +298,7 @@ func (d *Device) SetPortActive(up bool) {
 
 // Objects counts a device's live objects.
 type Objects struct {
-	Clients, PDs, MRs, CQs, SRQs, QPs int
+	Clients, PDs, MRs, CQs, SRQs, QPs, XRCDs int
 }
 
 // Objects reports how many objects the device holds.
@@ -301,7 +306,7 @@ func (d *Device) Objects() Objects {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return Objects{Clients: len(d.clients), PDs: len(d.pds), MRs: len(d.mrs), CQs: len(d.cqs),
-		SRQs: len(d.srqs), QPs: d.qps.len()}
+		SRQs: len(d.srqs), QPs: d.qps.len(), XRCDs: d.nXRCD}
 }
 
 // mtuEnum converts an MTU in bytes to the IB enum (0 if invalid).

@@ -523,7 +523,6 @@ func putPacket(p *roce.Packet) {
 	packets.mu.Unlock()
 }
 
-
 // pktCache is an engine's own free list of packets, in front of the shared
 // pool. Only the engine's goroutine uses it. A nil cache is the shared
 // pool.

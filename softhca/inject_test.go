@@ -112,7 +112,7 @@ func (r *rig) inject(fill func(p *roce.Packet)) {
 
 func pollWait(t *testing.T, cq *verbs.CQ) verbs.WorkCompletion {
 	wc := make([]verbs.WorkCompletion, 1)
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		if n, _ := cq.Poll(wc); n == 1 {
 			return wc[0]

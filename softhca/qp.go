@@ -8,6 +8,7 @@ import (
 	"github.com/xrcrun/xrc/internal/qpstate"
 	"github.com/xrcrun/xrc/internal/unix"
 	"github.com/xrcrun/xrc/internal/uverbs"
+	"github.com/xrcrun/xrc/softhca/roce"
 )
 
 // ring is a work queue in the client's QP buffer.
@@ -57,6 +58,13 @@ type qp struct {
 	rqDB   []byte // producer counter of the receive queue (16 bits)
 	rqTook uint32 // receive WQEs consumed
 
+	// XRC: the transport prefix of the QP's packets (TransportXRC for both
+	// XRC types), a receive QP's domain and its openers (it has no client
+	// of its own).
+	xport   roce.Opcode
+	xrcd    *xrcd
+	openers []*tgtOpen
+
 	// Attributes and bookkeeping of the commands.
 	typ                qpstate.Type
 	sqdNotify          bool
@@ -81,9 +89,17 @@ func (d *Device) cmdCreateQP(r *request) ([]byte, error) {
 	}
 	c := r.c
 	typ := qpstate.Type(req.QPType)
-	if typ != qpstate.RC {
-		return nil, unix.Errorf(unix.EOPNOTSUPP, "qp type %v: the device runs RC QPs", typ)
+	switch typ {
+	case qpstate.RC, qpstate.XRCIni:
+	case qpstate.XRCTgt:
+		// A receive QP of a domain: pd_handle names the domain, and the
+		// QP has neither CQs nor queues (the kernel makes it with no
+		// user memory, so the driver data is not looked at).
+		return d.createTgtQP(r, &req)
+	default:
+		return nil, unix.Errorf(unix.EOPNOTSUPP, "qp type %v: the device runs RC and XRC QPs", typ)
 	}
+	ini := typ == qpstate.XRCIni
 	p, err := object[*pd](c, req.PDHandle)
 	if err != nil {
 		return nil, err
@@ -92,14 +108,23 @@ func (d *Device) cmdCreateQP(r *request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	rcq, err := object[*cq](c, req.RecvCQHandle)
-	if err != nil {
-		return nil, err
-	}
+	var rcq *cq
 	var s *srq
-	if req.IsSRQ != 0 {
-		if s, err = object[*srq](c, req.SRQHandle); err != nil {
+	if ini {
+		// An XRC send QP has no receive queue: the kernel ignores the
+		// receive CQ and SRQ, and makes the receive capabilities 0.
+		req.MaxRecvWR, req.MaxRecvSGE = 0, 0
+	} else {
+		if rcq, err = object[*cq](c, req.RecvCQHandle); err != nil {
 			return nil, err
+		}
+		if req.IsSRQ != 0 {
+			if s, err = object[*srq](c, req.SRQHandle); err != nil {
+				return nil, err
+			}
+			if s.xrcd != nil {
+				return nil, unix.Error(unix.EINVAL, "an XRC SRQ serves XRC receive QPs only")
+			}
 		}
 	}
 	if req.MaxSendWR > maxQPWR || req.MaxRecvWR > maxQPWR || req.MaxSendSGE > maxSGE ||
@@ -120,7 +145,9 @@ func (d *Device) cmdCreateQP(r *request) ([]byte, error) {
 		return nil, unix.Errorf(unix.EINVAL, "send queue of 2^%d WQEs of 2^%d bytes", drv.LogSQBbCount, drv.LogSQStride)
 	}
 	q.sq.cnt, q.sq.shift = 1<<drv.LogSQBbCount, uint32(drv.LogSQStride)
-	if s == nil {
+	if ini {
+		q.xport = roce.TransportXRC
+	} else if s == nil {
 		q.rq.cnt = roundPow2(max(1, req.MaxRecvWR))
 		q.rqGS = int(roundPow2(max(1, req.MaxRecvSGE)))
 		q.rq.shift = uint32(log2(uint32(q.rqGS * mlx4hw.DataSegSize)))
@@ -139,7 +166,7 @@ func (d *Device) cmdCreateQP(r *request) ([]byte, error) {
 	} else {
 		q.sq.buf, q.rq.buf = buf[:sqBytes], buf[sqBytes:]
 	}
-	if s == nil {
+	if s == nil && !ini {
 		if q.rqDB, err = c.mem.queue(drv.DBAddr, mlx4hw.RQDBRecSize); err != nil {
 			return nil, err
 		}
@@ -157,7 +184,9 @@ func (d *Device) cmdCreateQP(r *request) ([]byte, error) {
 	d.qps.add(q)
 	p.usecnt++
 	scq.usecnt++
-	rcq.usecnt++
+	if rcq != nil {
+		rcq.usecnt++
+	}
 	if s != nil {
 		s.usecnt++
 	}
@@ -175,7 +204,7 @@ func (d *Device) allocQPN() uint32 {
 		if d.nextQPN >= 1<<23 {
 			d.nextQPN = firstQPN
 		}
-		if d.qps.get(n) == nil {
+		if d.qps.getIndex(n) == nil {
 			return n
 		}
 	}
@@ -186,14 +215,18 @@ func (d *Device) cmdDestroyQP(r *request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	q, err := object[*qp](r.c, req.QPHandle)
+	q, open, err := qpObject(r.c, req.QPHandle)
 	if err != nil {
 		return nil, err
 	}
 	if r.outLen < int(unsafeSize(uverbs.DestroyQPResp{})) { // fail before destroying anything
 		return nil, unix.Error(unix.ENOSPC, "no room for the response")
 	}
-	d.destroyQP(q)
+	if open != nil {
+		d.closeTgt(open) // the QP goes with its last opener
+	} else {
+		d.destroyQP(q)
+	}
 	delete(r.c.objs, req.QPHandle)
 	return response[uverbs.DestroyQPResp, noDriver](r, &uverbs.DestroyQPResp{}, nil)
 }
@@ -207,9 +240,16 @@ func (d *Device) destroyQP(q *qp) {
 	q.req.reset(&d.eng.wqes)
 	q.resp.reset()
 	d.qps.remove(q.num, d.nextQPN)
+	if q.xrcd != nil {
+		delete(q.xrcd.tgts, q.num)
+		d.putXRCD(q.xrcd)
+		return
+	}
 	q.pd.usecnt--
 	q.scq.usecnt--
-	q.rcq.usecnt--
+	if q.rcq != nil {
+		q.rcq.usecnt--
+	}
 	if q.srq != nil {
 		q.srq.usecnt--
 	}
@@ -245,7 +285,7 @@ func (d *Device) cmdModifyQP(r *request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	q, err := object[*qp](r.c, req.QPHandle)
+	q, _, err := qpObject(r.c, req.QPHandle)
 	if err != nil {
 		return nil, err
 	}
@@ -413,7 +453,7 @@ func (d *Device) cmdQueryQP(r *request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	q, err := object[*qp](r.c, req.QPHandle)
+	q, _, err := qpObject(r.c, req.QPHandle)
 	if err != nil {
 		return nil, err
 	}

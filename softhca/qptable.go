@@ -26,8 +26,22 @@ type qpPage struct {
 	qps [qpPageSize]*qp
 }
 
+// qpnIndex is the part of a QP number the table is indexed by: XRC
+// receive QPs carry bit 23 in their numbers besides a number allocQPN gave
+// out, as mlx4 numbers them.
+const qpnIndex = 1<<23 - 1
+
 // get returns the QP numbered qpn, or nil.
 func (t *qpTable) get(qpn uint32) *qp {
+	q := t.getIndex(qpn & qpnIndex)
+	if q == nil || q.num != qpn {
+		return nil
+	}
+	return q
+}
+
+// getIndex returns the QP whose number's index is i, or nil.
+func (t *qpTable) getIndex(qpn uint32) *qp {
 	i := qpn >> qpPageShift
 	if i >= uint32(len(t.pages)) {
 		return nil
@@ -41,7 +55,8 @@ func (t *qpTable) get(qpn uint32) *qp {
 
 // add puts q in the table under q.num, which must be free.
 func (t *qpTable) add(q *qp) {
-	i := int(q.num >> qpPageShift)
+	n := q.num & qpnIndex
+	i := int(n >> qpPageShift)
 	if i >= len(t.pages) {
 		t.pages = append(t.pages, make([]*qpPage, i+1-len(t.pages))...)
 	}
@@ -50,7 +65,7 @@ func (t *qpTable) add(q *qp) {
 		p = new(qpPage)
 		t.pages[i] = p
 	}
-	p.qps[q.num&(qpPageSize-1)] = q
+	p.qps[n&(qpPageSize-1)] = q
 	p.n++
 	t.n++
 }
@@ -59,6 +74,7 @@ func (t *qpTable) add(q *qp) {
 // allocQPN gives out next) is kept even if it empties: it is about to be
 // used again.
 func (t *qpTable) remove(qpn, next uint32) {
+	qpn &= qpnIndex
 	i := qpn >> qpPageShift
 	p := t.pages[i]
 	p.qps[qpn&(qpPageSize-1)] = nil

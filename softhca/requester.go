@@ -176,11 +176,23 @@ func (r *requester) sampleRTT(rtt time.Duration) {
 // rto is how long the requester waits for an acknowledgement before it
 // sends again: the QP's timeout, or more if the measured round trip says
 // the peer needs more, so that a slow peer is not flooded with
-// retransmissions of what it is still working through.
+// retransmissions of what it is still working through. Each retry spent
+// without progress since the last doubles it (up to 8 times), as TCP
+// backs off: the QP's timeout is the least the requester waits, and a
+// peer that is alive but not scheduled for a while (a loaded machine
+// running software HCAs) is not declared dead after retry_cnt short
+// waits. The number of retries before RETRY_EXC_ERR is unchanged.
 func (d *Device) rto(q *qp) time.Duration {
 	r := &q.req
-	return max(ackTimeout(q.timeout), r.srtt+4*r.rttvar)
+	base := max(ackTimeout(q.timeout), r.srtt+4*r.rttvar)
+	if used := int(q.retryCnt) - int(r.retries); used > 0 {
+		base <<= min(used, maxBackoffShift)
+	}
+	return base
 }
+
+// maxBackoffShift bounds the doubling of rto.
+const maxBackoffShift = 3
 
 // wqePool is an engine's free list of send WQE records, shared by the QPs
 // of the device. The records in use at a time are the WQEs outstanding, so
@@ -215,6 +227,9 @@ func (p *wqePool) put(w *swqe) {
 // sqOwned reports whether the client has posted the SQ slot at index i: its
 // owner bit matches the pass of i.
 func sqOwned(q *qp, i uint32) bool {
+	if q.sq.cnt == 0 {
+		return false // an XRC receive QP has no send queue
+	}
 	oo := mlx4hw.OwnerOpcode(q.sq.slot(i))
 	return (oo&mlx4hw.OwnerBit != 0) == (i&q.sq.cnt != 0)
 }
@@ -276,7 +291,7 @@ func (d *Device) pump(q *qp) {
 	}
 	if q.state == qpstate.SQD && len(r.q) == 0 && q.sqdNotify && !r.drainSent {
 		r.drainSent = true
-		q.client.asyncEvent(q.userHandle, evSQDrained)
+		d.qpEvent(q, evSQDrained)
 	}
 }
 
@@ -422,6 +437,10 @@ func (d *Device) sendRequest(q *qp, w *swqe, k uint32) bool {
 	}
 	if w.rdAtomic() && roce.PSNDiff(w.lastPSN(), r.high) >= 0 {
 		r.high = (w.lastPSN() + 1) & roce.PSNMask // the responses' PSNs
+	}
+	if q.xport == roce.TransportXRC {
+		p.Opcode |= roce.TransportXRC
+		p.XRCSRQ = w.w.RemoteSRQN
 	}
 	d.eng.send(p)
 	return true

@@ -24,6 +24,7 @@ type resource struct {
 	rkey   uint32
 	va     uint64
 	length uint32
+	pd     *pd    // READ: the PD the key must belong to
 	orig   uint64 // atomic: the value returned
 	next   uint32 // READ: the next response packet to send
 	queued bool   // READ: in the QP's queue of responses to send
@@ -48,6 +49,9 @@ type responder struct {
 	wlen    uint32
 	off     uint32 // bytes received
 	recvSG1 [1]lsge
+	// An XRC receive QP's SRQ for the message in progress, named by the
+	// XRCETH of its packets.
+	xsrq *srq
 
 	// The READ and atomic requests executed, remembered for answering
 	// duplicates: a ring of max_dest_rd_atomic entries (at least one), made
@@ -84,7 +88,8 @@ func (d *Device) receive(p *roce.Packet) {
 	d.counters.RcvData.Add(uint64(len(p.Payload)))
 	op := p.Opcode
 	q := d.qps.get(p.DestQP)
-	if !op.Valid() || op.Transport() != roce.TransportRC || q == nil || q.ah.DGID != p.SrcGID {
+	if !op.Valid() || q == nil || op.Transport() != q.xport || q.ah.DGID != p.SrcGID ||
+		q.typ == qpstate.XRCIni && !op.IsResponse() || q.typ == qpstate.XRCTgt && op.IsResponse() {
 		d.counters.RcvErrors.Add(1)
 		if d.debug {
 			d.log.Debug("dropped packet", "opcode", op, "qp", p.DestQP)
@@ -120,6 +125,9 @@ func (d *Device) onRequest(q *qp, p *roce.Packet) {
 		return
 	}
 	s.nakSent = false
+	if q.xrcd != nil && !d.bindXRCSRQ(q, p) {
+		return
+	}
 	switch op := p.Opcode; {
 	case op.IsSend():
 		d.recvSend(q, p)
@@ -262,7 +270,7 @@ func (d *Device) startRemote(q *qp, p *roce.Packet, n uint64, need uint32) (*mr,
 		d.fatal(q, p, roce.NakInvalidRequest)
 		return nil, false
 	}
-	m, ok := d.remoteMR(q, p.RKey, p.VA, n, need)
+	m, ok := d.remoteMR(q, q.respPD(), p.RKey, p.VA, n, need)
 	if !ok {
 		d.fatal(q, p, roce.NakRemoteAccess)
 	}
@@ -270,9 +278,10 @@ func (d *Device) startRemote(q *qp, p *roce.Packet, n uint64, need uint32) (*mr,
 }
 
 // remoteMR validates an incoming RDMA or atomic access against the QP's and
-// the region's permissions, the PD and the bounds. A zero-length access
+// the region's permissions, the PD (the QP's, or for an XRC receive QP the
+// PD of the SRQ the request names) and the bounds. A zero-length access
 // needs no region.
-func (d *Device) remoteMR(q *qp, rkey uint32, va, n uint64, need uint32) (*mr, bool) {
+func (d *Device) remoteMR(q *qp, pd *pd, rkey uint32, va, n uint64, need uint32) (*mr, bool) {
 	if q.access&need == 0 {
 		return nil, false
 	}
@@ -280,7 +289,7 @@ func (d *Device) remoteMR(q *qp, rkey uint32, va, n uint64, need uint32) (*mr, b
 		return nil, true
 	}
 	m := d.lookupMR(rkey)
-	if m == nil || m.pd != q.pd || m.access&need == 0 || !m.contains(va, n) {
+	if m == nil || pd == nil || m.pd != pd || m.access&need == 0 || !m.contains(va, n) {
 		return nil, false
 	}
 	return m, true
@@ -295,9 +304,13 @@ func (d *Device) takeRecv(q *qp, p *roce.Packet) bool {
 	sg := d.eng.sgScratch[:0]
 	var ok bool
 	pd := q.pd
-	if q.srq != nil {
-		s.recvIdx, sg, ok = d.srqTake(q.srq, sg)
-		pd = q.srq.pd
+	srq := q.srq
+	if q.xrcd != nil {
+		srq = s.xsrq
+	}
+	if srq != nil {
+		s.recvIdx, sg, ok = d.srqTake(srq, sg)
+		pd = srq.pd
 	} else if uint16(mlx4hw.LoadBE32(q.rqDB))-uint16(q.rqTook) != 0 {
 		s.recvIdx = q.rqTook & (q.rq.cnt - 1)
 		sg = mlx4hw.DecodeRecvSG(q.rq.slot(q.rqTook), q.rqGS, sg)
@@ -335,10 +348,11 @@ func (d *Device) takeRecv(q *qp, p *roce.Packet) bool {
 // completeRecv writes the receive completion of the message that ends.
 func (d *Device) completeRecv(q *qp, e *mlx4hw.CQE, solicited bool) {
 	s := &q.resp
+	rcq, rqpn := q.recvCQ()
 	e.MyQPN = q.num
-	e.GMLPath = 1<<31 | q.destQPN // RoCE packets always carry a GRH
+	e.GMLPath = 1<<31 | rqpn // RoCE packets always carry a GRH
 	e.WQEIndex = uint16(s.recvIdx)
-	d.push(q.rcq, e, solicited)
+	d.push(rcq, e, solicited)
 	s.inMsg, s.hasRecv, s.wm = false, false, nil
 }
 
@@ -349,8 +363,9 @@ func (d *Device) recvError(q *qp, syndrome uint8) {
 		return
 	}
 	d.counters.LocalErrors.Add(1)
-	e := mlx4hw.CQE{MyQPN: q.num, WQEIndex: uint16(s.recvIdx), Opcode: mlx4hw.CQEOpError, Syndrome: syndrome}
-	d.push(q.rcq, &e, true)
+	rcq, rqpn := q.recvCQ()
+	e := mlx4hw.CQE{MyQPN: q.num, GMLPath: rqpn, WQEIndex: uint16(s.recvIdx), Opcode: mlx4hw.CQEOpError, Syndrome: syndrome}
+	d.push(rcq, &e, true)
 	s.hasRecv, s.inMsg = false, false
 }
 
@@ -365,7 +380,7 @@ func (d *Device) recvRead(q *qp, p *roce.Packet) {
 	}
 	mtu := q.mtu()
 	r := d.remember(q)
-	*r = resource{valid: true, psn: p.PSN, npkts: max(1, (p.DMALen+mtu-1)/mtu), rkey: p.RKey, va: p.VA, length: p.DMALen}
+	*r = resource{valid: true, psn: p.PSN, npkts: max(1, (p.DMALen+mtu-1)/mtu), rkey: p.RKey, va: p.VA, length: p.DMALen, pd: q.respPD()}
 	s.epsn = (s.epsn + r.npkts) & roce.PSNMask
 	s.msn = (s.msn + 1) & roce.PSNMask
 	d.queueRead(q, r, p.PSN)
@@ -477,7 +492,7 @@ func (d *Device) sendReads(q *qp) bool {
 		if n > 0 {
 			// Check the key again: the region may be gone since the
 			// request came (or since the duplicate asking for it again).
-			m, ok := d.remoteMR(q, r.rkey, r.va, uint64(r.length), accRemoteRead)
+			m, ok := d.remoteMR(q, r.pd, r.rkey, r.va, uint64(r.length), accRemoteRead)
 			if !ok || !m.read(r.va+uint64(off), p.Payload) {
 				d.eng.pkts.put(p)
 				// The NAK is for this READ: the later ones, and a
@@ -491,6 +506,7 @@ func (d *Device) sendReads(q *qp) bool {
 				return false
 			}
 		}
+		p.Opcode |= q.xport
 		d.eng.send(p)
 		r.next++
 		if r.next == r.npkts {
@@ -512,6 +528,7 @@ func (d *Device) sendAtomicAck(q *qp, r *resource) {
 	p.PSN = r.psn
 	p.Syndrome, p.MSN = roce.AETHAck|roce.AETHInvalidCredits, q.resp.msn
 	p.OrigData = r.orig
+	p.Opcode |= q.xport
 	d.eng.send(p)
 }
 
@@ -565,6 +582,7 @@ func (d *Device) sendNak(q *qp, syndrome uint8, psn uint32) {
 	p.Opcode = roce.Acknowledge
 	p.PSN = psn
 	p.Syndrome, p.MSN = syndrome, q.resp.msn
+	p.Opcode |= q.xport
 	d.eng.send(p)
 }
 
@@ -584,11 +602,14 @@ func (d *Device) flush(q *qp) {
 	d.flushPosted(q)
 	s := &q.resp
 	if s.hasRecv {
-		d.flushCQE(q.rcq, q.num, s.recvIdx, false)
+		rcq, rqpn := q.recvCQ()
+		e := mlx4hw.CQE{MyQPN: q.num, GMLPath: rqpn, WQEIndex: uint16(s.recvIdx), Opcode: mlx4hw.CQEOpError,
+			Syndrome: mlx4hw.SyndromeWRFlushErr}
+		d.push(rcq, &e, true)
 		s.hasRecv, s.inMsg = false, false
 	}
 	if q.srq != nil {
-		q.client.asyncEvent(q.userHandle, evQPLastWQEReached)
+		d.qpEvent(q, evQPLastWQEReached)
 	}
 }
 

@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(envClient); spec != "" {
 		os.Exit(clientForTest(spec))
 	}
+	if name := os.Getenv(envXRCClient); name != "" {
+		os.Exit(xrcClientForTest(name))
+	}
 	os.Exit(m.Run())
 }
 

@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/xrcrun/xrc/internal/unix"
+	"github.com/xrcrun/xrc/internal/uverbs"
 )
 
 // session serves one connection of a device service: one client in
@@ -101,7 +102,7 @@ func (s *session) handle(t msgType, body []byte, fds []int, reply []byte) (answe
 			unix.Close(fd)
 		}
 	}
-	if t != msgAddQueue && t != msgAddRegion && len(fds) > 0 {
+	if t != msgAddQueue && t != msgAddRegion && len(fds) > 0 && !(t == msgCommand && len(fds) == 1 && isOpenXRCD(body)) {
 		closeAll()
 		return answer{}, unix.Errorf(unix.EINVAL, "%v passes %d descriptors", t, len(fds))
 	}
@@ -134,7 +135,16 @@ func (s *session) handle(t msgType, body []byte, fds []int, reply []byte) (answe
 	}
 	switch t {
 	case msgCommand:
+		// The file OPEN_XRCD names, when the client passes it, stands in
+		// for the descriptor number in the command.
+		s.d.mu.Lock()
+		s.c.passed = fds
+		s.d.mu.Unlock()
 		_, err := s.c.Write(body)
+		s.d.mu.Lock()
+		s.c.passed = nil
+		s.d.mu.Unlock()
+		closeAll()
 		out := s.c.takeHandedOut()
 		if err != nil {
 			for _, fd := range out {
@@ -186,6 +196,9 @@ func (s *session) hello(body []byte) (int, error) {
 		unix.Munmap(ring)
 		return -1, unix.Errorf(unix.ENODEV, "%v", err)
 	}
+	s.d.mu.Lock()
+	c.remote = true // its descriptor numbers are not this process's
+	s.d.mu.Unlock()
 	s.c, s.mem, s.ring = c, mem, ring
 	s.bells = &bellSource{c: c, r: newBellRing(ring)}
 	s.d.eng.addRing(s.bells)
@@ -309,9 +322,20 @@ func (d *Device) counterValues() ([]string, []uint64) {
 	for _, x := range []struct {
 		n string
 		v int
-	}{{"clients", o.Clients}, {"pds", o.PDs}, {"mrs", o.MRs}, {"cqs", o.CQs}, {"srqs", o.SRQs}, {"qps", o.QPs}} {
+	}{{"clients", o.Clients}, {"pds", o.PDs}, {"mrs", o.MRs}, {"cqs", o.CQs}, {"srqs", o.SRQs}, {"qps", o.QPs}, {"xrcds", o.XRCDs}} {
 		names = append(names, "objects_"+x.n)
 		values = append(values, uint64(x.v))
 	}
 	return names, values
+}
+
+// isOpenXRCD reports whether a command message's body is an OPEN_XRCD
+// command, the one command that comes with a file: XRC domains are shared
+// by the files processes open, and a client in another process proves it
+// has the file open by passing it (SCM_RIGHTS), as the kernel looks the
+// descriptor up in the caller's own table. A device that took a device and
+// inode number instead would let any client join any domain by guessing.
+func isOpenXRCD(body []byte) bool {
+	hdr, ok := uverbs.Decode[uverbs.CmdHdr](body)
+	return ok && hdr.Command == uverbs.CmdOpenXRCD
 }

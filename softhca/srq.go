@@ -27,6 +27,11 @@ type srq struct {
 	limit      uint32 // armed limit, 0 when not armed
 	usecnt     int
 	events     uint32
+	// An XRC SRQ's domain, the handle it was made through, and the CQ its
+	// completions go to; nil for other SRQs.
+	xrcd *xrcd
+	ux   *uxrcd
+	cq   *cq
 }
 
 func (d *Device) cmdCreateSRQ(r *request) ([]byte, error) {
@@ -34,9 +39,38 @@ func (d *Device) cmdCreateSRQ(r *request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return d.createSRQ(r, uverbs.CreateXSRQ{UserHandle: req.UserHandle, SRQType: uverbs.SRQTBasic,
+		PDHandle: req.PDHandle, MaxWR: req.MaxWR, MaxSGE: req.MaxSGE, SRQLimit: req.SRQLimit}, drvb)
+}
+
+// cmdCreateXSRQ creates an SRQ of a given type: basic, as CREATE_SRQ does,
+// or XRC, in a domain and with a CQ of its own.
+func (d *Device) cmdCreateXSRQ(r *request) ([]byte, error) {
+	req, drvb, err := payload[uverbs.CreateXSRQ](r)
+	if err != nil {
+		return nil, err
+	}
+	return d.createSRQ(r, req, drvb)
+}
+
+func (d *Device) createSRQ(r *request, req uverbs.CreateXSRQ, drvb []byte) ([]byte, error) {
 	drv, err := driverData[mlx4abi.IBCreateSRQ](r, drvb)
 	if err != nil {
 		return nil, err
+	}
+	var ux *uxrcd
+	var xcq *cq
+	switch req.SRQType {
+	case uverbs.SRQTBasic:
+	case uverbs.SRQTXRC:
+		if ux, err = object[*uxrcd](r.c, req.XRCDHandle); err != nil {
+			return nil, err
+		}
+		if xcq, err = object[*cq](r.c, req.CQHandle); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, unix.Errorf(unix.EINVAL, "srq type %d", req.SRQType)
 	}
 	p, err := object[*pd](r.c, req.PDHandle)
 	if err != nil {
@@ -68,6 +102,12 @@ func (d *Device) cmdCreateSRQ(r *request) ([]byte, error) {
 	d.nextSRQ++
 	d.srqs[s.num] = s
 	p.usecnt++
+	if ux != nil {
+		s.xrcd, s.ux, s.cq = ux.x, ux, xcq
+		ux.refcnt++
+		ux.x.usecnt++
+		xcq.usecnt++
+	}
 	core.SRQHandle = r.c.addObject(s)
 	core.SRQN = s.num
 	drvResp := mlx4abi.IBCreateSRQResp{SRQN: s.num}
@@ -139,6 +179,18 @@ func (d *Device) destroySRQ(s *srq) error {
 	}
 	delete(d.srqs, s.num)
 	s.pd.usecnt--
+	if s.ux != nil {
+		// Receive QPs of the domain in the middle of a message for it
+		// forget the message: its next packet is out of sequence.
+		for _, q := range s.xrcd.tgts {
+			if r := &q.resp; r.xsrq == s {
+				r.xsrq, r.hasRecv, r.inMsg, r.wm = nil, false, false, nil
+			}
+		}
+		s.ux.refcnt--
+		s.cq.usecnt--
+		d.putXRCD(s.xrcd)
+	}
 	return nil
 }
 

@@ -133,6 +133,8 @@ func (f Feature) String() string {
 	switch f {
 	case FeatureSRQResize:
 		return "SRQ resize"
+	case FeatureXRC:
+		return "XRC"
 	}
 	return fmt.Sprintf("Feature(%d)", int(f))
 }
@@ -143,6 +145,7 @@ type UnsupportedFeatureError struct {
 	Feature Feature
 	Device  string
 	Reason  string
+	Err     error // the device's answer (EOPNOTSUPP), when it gave one
 }
 
 func (e *UnsupportedFeatureError) Error() string {
@@ -151,6 +154,9 @@ func (e *UnsupportedFeatureError) Error() string {
 
 // Is makes the error match ErrNotSupported.
 func (e *UnsupportedFeatureError) Is(target error) bool { return target == ErrNotSupported }
+
+// Unwrap returns the device's answer, if any.
+func (e *UnsupportedFeatureError) Unwrap() error { return e.Err }
 
 // Supports probes an optional feature. Only nil (supported) and an error
 // matching ErrNotSupported are conclusive, and only they are cached; other
@@ -173,6 +179,11 @@ func (c *Context) probe(f Feature) error {
 	switch f {
 	case FeatureSRQResize:
 		bit = DeviceCapSRQResize
+	case FeatureXRC:
+		if _, ok := c.prov.(XRCProvider); !ok {
+			return &UnsupportedFeatureError{Feature: f, Device: c.name, Reason: "its provider has no XRC"}
+		}
+		bit = DeviceCapXRC
 	default:
 		return &UnsupportedFeatureError{Feature: f, Device: c.name, Reason: "unknown feature"}
 	}

@@ -51,6 +51,15 @@
 // goroutines is serialized by the provider; a CompChannel and a Context's
 // async events are meant to have one waiter at a time.
 //
+// # XRC
+//
+// Where the device has it (Context.Supports(FeatureXRC)), XRC lets one send
+// QP per remote node reach every process there: OpenXRCD opens a domain
+// shared through a file, PD.CreateXRCSRQ makes a process's receive queue in
+// it, XRCD.CreateTgtQP and XRCD.OpenQP make and share the receive QPs,
+// CreateQP with QPTXRCIni the send QPs, and SendWR.RemoteSRQNum picks the
+// receiving SRQ. See xrc.go.
+//
 // # Errors
 //
 // Errors wrap the errno the device returned; match them with errors.Is

@@ -69,7 +69,8 @@ type SRQInit struct {
 }
 
 // QPInit describes a QP to create: the verbs attributes with the CQs and SRQ
-// resolved to provider objects.
+// resolved to provider objects. An XRC send QP (QPTXRCIni) has a SendCQ and
+// neither RecvCQ nor SRQ.
 type QPInit struct {
 	Type   QPType
 	SendCQ ProviderCQ

@@ -13,6 +13,7 @@ import (
 // to it.
 type SRQ struct {
 	pd     *PD
+	xrcd   *XRCD // the domain of an XRC SRQ, else nil
 	ops    ProviderSRQ
 	handle uint64
 	life   lifecycle
@@ -78,6 +79,9 @@ func (s *SRQ) Close() error {
 		if err := s.ops.Destroy(); err != nil {
 			return fmt.Errorf("destroy srq: %w", err)
 		}
+		if s.xrcd != nil {
+			s.xrcd.users.Add(-1)
+		}
 		s.pd.ctx.unregister(s.handle)
 		return nil
 	})
@@ -95,7 +99,9 @@ func (e *PostError) Unwrap() error { return e.Err }
 
 // QP is a queue pair.
 type QP struct {
-	pd     *PD
+	ctx    *Context
+	pd     *PD   // nil for XRC receive QPs
+	xrcd   *XRCD // the domain of an XRC receive QP, else nil
 	ops    ProviderQP
 	typ    QPType
 	handle uint64
@@ -105,23 +111,44 @@ type QP struct {
 	state QPState // guarded by mu: the state after the last successful Modify
 }
 
-// CreateQP creates a QP in the RESET state.
+// CreateQP creates a QP in the RESET state. RC, UC and UD QPs need a send
+// and a receive CQ. An XRC send QP (QPTXRCIni, where the device supports
+// FeatureXRC) needs a send CQ and has no receive queue: RecvCQ, SRQ and the
+// receive capabilities must be left empty. XRC receive QPs are made by
+// XRCD.CreateTgtQP.
 func (pd *PD) CreateQP(attr *QPInitAttr) (*QP, error) {
+	c := pd.ctx
 	switch attr.Type {
 	case QPTRC, QPTUC, QPTUD:
+		if attr.SendCQ == nil || attr.RecvCQ == nil {
+			return nil, fmt.Errorf("create qp: %v QP needs a send CQ and a receive CQ: %w", attr.Type, syscall.EINVAL)
+		}
+		if attr.SRQ != nil && attr.SRQ.xrcd != nil {
+			return nil, fmt.Errorf("create qp: an XRC SRQ serves XRC receive QPs only: %w", syscall.EINVAL)
+		}
+	case QPTXRCIni:
+		if err := c.Supports(FeatureXRC); err != nil {
+			return nil, fmt.Errorf("create qp: %w", err)
+		}
+		if attr.SendCQ == nil {
+			return nil, fmt.Errorf("create qp: XRC_INI QP needs a send CQ: %w", syscall.EINVAL)
+		}
+		if attr.RecvCQ != nil || attr.SRQ != nil || attr.Cap.MaxRecvWR != 0 || attr.Cap.MaxRecvSGE != 0 {
+			return nil, fmt.Errorf("create qp: XRC_INI QP has no receive queue (no receive CQ, SRQ or receive capabilities): %w", syscall.EINVAL)
+		}
+	case QPTXRCTgt:
+		return nil, fmt.Errorf("create qp: XRC_TGT QPs belong to a domain: use XRCD.CreateTgtQP: %w", syscall.EINVAL)
 	default:
 		return nil, fmt.Errorf("create qp: type %v: %w", attr.Type, ErrNotSupported)
 	}
-	if attr.SendCQ == nil || attr.RecvCQ == nil {
-		return nil, fmt.Errorf("create qp: %v QP needs a send CQ and a receive CQ: %w", attr.Type, syscall.EINVAL)
-	}
-	c := pd.ctx
 	h, err := c.register()
 	if err != nil {
 		return nil, fmt.Errorf("create qp: %w", err)
 	}
-	init := QPInit{Type: attr.Type, SendCQ: attr.SendCQ.ops, RecvCQ: attr.RecvCQ.ops,
-		Cap: attr.Cap, SigAll: attr.SigAll, Handle: h}
+	init := QPInit{Type: attr.Type, SendCQ: attr.SendCQ.ops, Cap: attr.Cap, SigAll: attr.SigAll, Handle: h}
+	if attr.RecvCQ != nil {
+		init.RecvCQ = attr.RecvCQ.ops
+	}
 	if attr.SRQ != nil {
 		init.SRQ = attr.SRQ.ops
 	}
@@ -130,7 +157,7 @@ func (pd *PD) CreateQP(attr *QPInitAttr) (*QP, error) {
 		c.unregister(h)
 		return nil, fmt.Errorf("create %v qp: %w", attr.Type, err)
 	}
-	qp := &QP{pd: pd, ops: ops, typ: attr.Type, handle: h, state: QPSReset}
+	qp := &QP{ctx: c, pd: pd, ops: ops, typ: attr.Type, handle: h, state: QPSReset}
 	c.publish(h, qp)
 	return qp, nil
 }
@@ -214,13 +241,17 @@ func (qp *QP) Query(mask QPAttrMask) (QPAttr, QPCap, error) {
 }
 
 // Close destroys the QP. Its outstanding work requests are discarded
-// without completions.
+// without completions. For an XRC receive QP it closes this opener; the QP
+// itself is destroyed with its last opener.
 func (qp *QP) Close() error {
 	return qp.life.close(func() error {
 		if err := qp.ops.Destroy(); err != nil {
 			return fmt.Errorf("destroy qp: %w", err)
 		}
-		qp.pd.ctx.unregister(qp.handle)
+		if qp.xrcd != nil {
+			qp.xrcd.users.Add(-1)
+		}
+		qp.ctx.unregister(qp.handle)
 		return nil
 	})
 }

@@ -42,6 +42,16 @@ func FileStat(fd int) (size int64, ino uint64, err error) {
 	return st.Size, st.Ino, nil
 }
 
+// FileID returns the device and inode numbers of the file fd refers to:
+// what identifies a file however it was opened.
+func FileID(fd int) (dev, ino uint64, err error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, 0, Error(asErrno(err), "fstat")
+	}
+	return st.Dev, st.Ino, nil
+}
+
 // Eventfd creates a non-blocking, close-on-exec eventfd.
 func Eventfd() (int, error) {
 	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)

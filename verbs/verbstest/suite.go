@@ -49,6 +49,7 @@ func Run(t *testing.T, env Env) {
 		{"ResetAndReconnect", testResetAndReconnect},
 		{"PSNWrap", testPSNWrap},
 		{"RecvPostedInError", testRecvPostedInError},
+		{"XRC", testXRC},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, env) })

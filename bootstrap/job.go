@@ -1,0 +1,170 @@
+package bootstrap
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+)
+
+// The job's state: what the server does with the requests of registered
+// ranks. handle and lost take Server.mu; the ...Locked functions run with
+// it held.
+
+// handle serves one request of a registered rank. An error ends the
+// rank's connection.
+func (s *Server) handle(c *sconn, t msgType, p []byte) error {
+	m, err := decodeMessage(t, p)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c.left {
+		return protoErr("unexpected", "a %v message after leave", t)
+	}
+	switch m := m.(type) {
+	case *msgGather:
+		return s.gatherLocked(c, m)
+	case *msgPut:
+		if s.abort != nil {
+			return nil
+		}
+		if old, ok := s.kv[m.Key]; ok && string(old) != string(m.Val) {
+			c.enqueue(appendFrame(nil, &msgPutDone{ID: m.ID, Err: fmt.Sprintf("key %q already holds a different value", cut(m.Key, 256))}))
+			return nil
+		}
+		s.kv[m.Key] = m.Val
+		c.enqueue(appendFrame(nil, &msgPutDone{ID: m.ID}))
+		for _, g := range s.gets[m.Key] {
+			g.c.enqueue(appendFrame(nil, &msgGot{ID: g.id, Val: m.Val}))
+		}
+		delete(s.gets, m.Key)
+	case *msgGet:
+		if s.abort != nil {
+			return nil
+		}
+		if v, ok := s.kv[m.Key]; ok {
+			c.enqueue(appendFrame(nil, &msgGot{ID: m.ID, Val: v}))
+		} else {
+			s.gets[m.Key] = append(s.gets[m.Key], getter{c, m.ID})
+		}
+	case *msgAbort:
+		s.abortLocked(&AbortError{Rank: c.rank, Reason: m.Reason})
+	case *msgLeave:
+		c.left = true
+		for seq, g := range s.gathers {
+			if !g.have[c.rank] && s.abort == nil {
+				s.abortLocked(&AbortError{Rank: c.rank, Reason: fmt.Sprintf("it closed before taking part in collective %d (%s by rank %d)", seq, kindName(g.kind), g.first)})
+			}
+		}
+	default:
+		return protoErr("unexpected", "a %v message from a rank", t)
+	}
+	return nil
+}
+
+// gatherLocked adds a rank's part to a collective and, once every rank's
+// part is in, sends the result to every rank.
+func (s *Server) gatherLocked(c *sconn, m *msgGather) error {
+	if m.Seq != c.nextSeq {
+		return protoErr("unexpected", "collective %d out of order (expected %d)", m.Seq, c.nextSeq)
+	}
+	c.nextSeq++
+	if s.abort != nil {
+		return nil
+	}
+	g := s.gathers[m.Seq]
+	if g == nil {
+		g = &gather{kind: m.Kind, first: c.rank, recs: make([][]byte, s.size), have: make([]bool, s.size)}
+		s.gathers[m.Seq] = g
+		for _, o := range s.members {
+			if o.left && o.nextSeq <= m.Seq {
+				s.abortLocked(&AbortError{Rank: o.rank, Reason: fmt.Sprintf("it closed before collective %d (%s by rank %d)", m.Seq, kindName(m.Kind), c.rank)})
+				return nil
+			}
+		}
+	}
+	if g.kind != m.Kind {
+		s.abortLocked(&AbortError{Rank: c.rank, Reason: fmt.Sprintf("collective %d: it called %s where rank %d called %s", m.Seq, kindName(m.Kind), g.first, kindName(g.kind))})
+		return nil
+	}
+	g.recs[c.rank], g.have[c.rank] = m.Rec, true
+	g.n++
+	g.bytes += 4 + len(m.Rec)
+	if g.bytes > MaxGather {
+		s.abortLocked(&AbortError{Rank: c.rank, Reason: fmt.Sprintf("collective %d: the records total more than %d bytes", m.Seq, MaxGather)})
+		return nil
+	}
+	if g.n < s.size {
+		return nil
+	}
+	delete(s.gathers, m.Seq)
+	res := msgGathered{Seq: m.Seq}
+	if g.kind == kindAllGather {
+		res.Recs = g.recs
+	}
+	s.broadcastLocked(appendFrame(nil, &res))
+	return nil
+}
+
+// broadcastLocked queues a frame to every member still connected; the
+// frame is shared and must not change.
+func (s *Server) broadcastLocked(frame []byte) {
+	for _, o := range s.members {
+		if o != nil && !o.gone && !o.left {
+			o.enqueue(frame)
+		}
+	}
+}
+
+// abortLocked aborts the job once, telling every member.
+func (s *Server) abortLocked(a *AbortError) {
+	if s.abort != nil {
+		return
+	}
+	s.abort = a
+	s.m.aborts.Inc()
+	s.log.Error("bootstrap: job aborted", "rank", a.Rank, "lost", a.Lost, "reason", a.Reason)
+	s.broadcastLocked(appendFrame(nil, &msgAbort{Rank: int32(a.Rank), Lost: a.Lost, Reason: a.Reason}))
+	clear(s.gathers)
+	clear(s.gets)
+}
+
+// lost ends a registered rank's connection. Unless it left cleanly or the
+// job is over, the job aborts naming the rank.
+func (s *Server) lost(c *sconn, log *slog.Logger, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c.gone = true
+	s.gone++
+	s.m.members.Dec()
+	bad := errors.Is(err, ErrProtocol)
+	if bad {
+		s.m.badMessages.WithLabelValues(reasonOf(err)).Inc()
+		log.Error("bootstrap: bad message from a rank", "err", err)
+	}
+	closed := false
+	select {
+	case <-s.closed:
+		closed = true
+	default:
+	}
+	switch {
+	case c.left:
+		log.Debug("bootstrap: rank left")
+	case closed:
+	case bad:
+		s.abortLocked(&AbortError{Rank: c.rank, Lost: true, Reason: fmt.Sprintf("it sent a bad message: %v", err)})
+	case errors.Is(err, io.EOF):
+		s.abortLocked(&AbortError{Rank: c.rank, Lost: true, Reason: "its connection ended before it closed its client"})
+	default:
+		s.abortLocked(&AbortError{Rank: c.rank, Lost: true, Reason: fmt.Sprintf("its connection failed before it closed its client: %v", err)})
+	}
+	if s.gone == s.size {
+		close(s.finished)
+		if s.ln != nil {
+			s.ln.Close()
+		}
+	}
+}

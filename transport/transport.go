@@ -1,0 +1,83 @@
+// Package transport is the interface between comm and the fabrics that
+// move its messages: shared memory between the ranks of a node
+// (transport/shm), and RC or XRC queue pairs between nodes
+// (transport/rc, transport/xrc).
+//
+// A transport moves two kinds of things for comm: eager frames (small
+// messages with comm's header, copied into the receiver's buffers and
+// delivered in order per sender), and large payloads that a receiver pulls
+// from memory the sender exposed (rendezvous). comm drives every transport
+// from one goroutine: it calls TrySend, Read and Progress, and sleeps on
+// the rank's Bell when nothing is pending.
+package transport
+
+import (
+	"context"
+	"errors"
+)
+
+// Peer is what a transport learns of another rank at Connect: who it is,
+// where it runs, and the record its transport of the same kind published.
+type Peer struct {
+	Rank, Node, LocalRank int
+	Record                []byte
+}
+
+// Remote describes memory a rank exposed to its peers (Expose), in a
+// form that travels inside comm's frames: at most MaxRemote bytes, opaque
+// to everyone but the transport that made it.
+type Remote []byte
+
+// MaxRemote is the largest Remote a transport makes.
+const MaxRemote = 32
+
+// Handler receives what Progress finds.
+type Handler interface {
+	// Deliver hands over an eager frame from rank. frame is valid only
+	// during the call: the handler copies what it keeps.
+	Deliver(rank int, frame []byte)
+	// ReadDone completes the Read with this cookie.
+	ReadDone(cookie uint64, err error)
+}
+
+// Transport is one fabric as comm sees it. Its methods are called from one
+// goroutine, except Name and Reaches.
+type Transport interface {
+	// Name is "shm", "rc" or "xrc".
+	Name() string
+	// Record is this rank's record, to be all-gathered before Connect.
+	Record() []byte
+	// Connect learns every rank of the job (peers is indexed by rank and
+	// includes this one) and connects to those it reaches; a transport
+	// that connects lazily only checks and keeps the records.
+	Connect(ctx context.Context, peers []Peer) error
+	// Reaches reports whether this transport carries traffic to rank.
+	Reaches(rank int) bool
+	// MaxEager is the largest frame TrySend takes.
+	MaxEager() int
+	// TrySend sends one frame made of parts to rank, copying them. It
+	// returns false when there is no room now (the receiver is behind):
+	// the caller progresses and tries again. Frames to one rank arrive in
+	// the order they were sent.
+	TrySend(rank int, parts ...[]byte) (bool, error)
+	// Expose lets the peers read buf until Unexpose. The caller keeps
+	// buf alive and unmoved until then.
+	Expose(buf []byte) (Remote, error)
+	Unexpose(Remote) error
+	// Read copies len(dst) bytes of the memory src describes, exposed by
+	// rank, into dst, and reports completion to the handler of a later
+	// Progress (or of this one) with cookie. dst must stay alive until
+	// then.
+	Read(rank int, dst []byte, src Remote, cookie uint64) error
+	// Progress delivers frames and completions to h and returns how many.
+	Progress(h Handler) (int, error)
+	// Close disconnects and frees everything the transport holds.
+	Close() error
+}
+
+// ErrUnreachable reports a rank the transport does not carry traffic to.
+var ErrUnreachable = errors.New("transport: rank not reachable by this transport")
+
+// ErrBadRemote reports a Remote that this transport did not make or that
+// does not cover the read.
+var ErrBadRemote = errors.New("transport: bad remote memory descriptor")
