@@ -12,6 +12,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/xrcrun/xrc/bootstrap"
 )
 
 // job is one run of the launcher: the job's agents, ranks and their fate.
@@ -30,7 +32,8 @@ type job struct {
 
 	events chan event
 	quit   chan struct{} // closed when the loop is over
-	rdv    rendezvous
+	rdv    *bootstrap.Server
+	served chan error  // what rdv.Serve returned
 	conns  []*ctrlConn // by node, once connected
 	procs  []*launched
 	out    *output
@@ -90,12 +93,17 @@ func (j *job) run(ctx context.Context) error {
 	defer ln.Close()
 	rctx, stopRdv := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRdv()
-	j.rdv, err = listenRendezvous(rctx, net.JoinHostPort(host, "0"), len(j.place.Node), j.key, j.log.With("part", "bootstrap"))
+	var rlog *slog.Logger // the failure report says what the server would log about an abort
+	if j.cfg.verbose {
+		rlog = j.log.With("part", "bootstrap")
+	}
+	j.rdv, err = listenRendezvous(rctx, net.JoinHostPort(host, "0"), len(j.place.Node), j.key, rlog)
 	if err != nil {
 		return fmt.Errorf("launcher: bootstrap server: %w", err)
 	}
 	defer j.rdv.Close()
-	go j.rdv.Serve(rctx)
+	j.served = make(chan error, 1)
+	go func() { j.served <- j.rdv.Serve(rctx) }()
 
 	spec, cleanup, err := j.spec(ln.Addr().String())
 	if err != nil {
@@ -124,6 +132,7 @@ func (j *job) run(ctx context.Context) error {
 	}
 	j.loop(ctx)
 	j.status.stop()
+	j.blameCulprit()
 	if err := failureReport(j.failures); err != nil {
 		return err
 	}
@@ -255,4 +264,34 @@ func (j *job) read(node int, c *ctrlConn) {
 // hostOf names node k's host for reports.
 func (j *job) hostOf(k int) string {
 	return j.place.Nodes[k].Host
+}
+
+// blameCulprit puts first the failed rank that the bootstrap server saw
+// abort the job or get lost, when several failed: the others may have
+// failed because of it (a rank in a collective fails when the job is
+// aborted), and their exits may have been seen first. The server's word
+// comes once every rank has gone.
+func (j *job) blameCulprit() {
+	if len(j.failures) < 2 {
+		return
+	}
+	var served error
+	select {
+	case served = <-j.served:
+	case <-time.After(time.Second):
+		return
+	}
+	r, ok := culprit(served)
+	if !ok {
+		return
+	}
+	first := j.failures[0].Time
+	for _, f := range j.failures {
+		first = min(first, f.Time)
+	}
+	for i := range j.failures {
+		if j.failures[i].Rank == r {
+			j.failures[i].Time = first - 1
+		}
+	}
 }

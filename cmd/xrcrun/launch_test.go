@@ -39,7 +39,7 @@ var buildOnce = sync.OnceValue(func() error {
 		return err
 	}
 	binDir = dir
-	for _, b := range [][2]string{{"xrcrun", "."}, {"rank", "./testdata/rank"}} {
+	for _, b := range [][2]string{{"xrcrun", "."}, {"rank", "./testdata/rank"}, {"hello", "../../examples/hello"}} {
 		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, b[0]), b[1]).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("go build %s: %v\n%s", b[1], err, out)
@@ -318,6 +318,68 @@ func TestLaunchExitStatus(t *testing.T) {
 	if want := "1 rank failed:\n\t* rank 5 (node 1): exit status 3\n"; !strings.Contains(j.stderr.String(), want) {
 		t.Errorf("stderr lacks %q:\n%s", want, j.stderr.String())
 	}
+
+	// Ranks in a barrier of the rendezvous: the exit of rank 5 aborts the
+	// job, so others may fail too (exit status 1) before xrcrun ends them,
+	// but rank 5 is named first and sets the exit status.
+	j = startJob(t, ".", nil, "-n", "8", "--nodes", "2", rank, "-join", "-exit-rank", "5", "-code", "3")
+	if st := j.wait(2 * time.Minute); st != 3 {
+		t.Errorf("exit status %d, want 3\n%s", st, j.stderr.String())
+	}
+	if want := regexp.MustCompile(`(?m)^xrcrun: \d ranks? failed:\n\t\* rank 5 \(node 1\): exit status 3$`); !want.MatchString(j.stderr.String()) {
+		t.Errorf("stderr does not match %s:\n%s", want, j.stderr.String())
+	}
+}
+
+var helloLine = regexp.MustCompile(`^rank (\d+) of (\d+) on node (\d+) \(local rank (\d+)\)$`)
+
+// checkHello checks that the output has the hello line of every rank of
+// size, with nodes by blocks of ppn.
+func checkHello(t *testing.T, out string, size, ppn int) {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	seen := map[string]bool{}
+	for _, l := range lines {
+		m := helloLine.FindStringSubmatch(l)
+		if m == nil {
+			t.Errorf("unexpected line %q", l)
+			continue
+		}
+		r, _ := strconv.Atoi(m[1])
+		if want := fmt.Sprintf("rank %d of %d on node %d (local rank %d)", r, size, r/ppn, r%ppn); l != want || seen[l] {
+			t.Errorf("line %q, want %q once", l, want)
+		}
+		seen[l] = true
+	}
+	if len(seen) != size {
+		t.Errorf("%d distinct lines, want %d:\n%s", len(seen), size, out)
+	}
+}
+
+// TestLaunchHello is the issue's acceptance test: the example, given as a
+// Go package, built by xrcrun, 8 ranks on 2 emulated nodes.
+func TestLaunchHello(t *testing.T) {
+	t.Parallel()
+	tools(t)
+	j := startJob(t, "../..", nil, "-n", "8", "--nodes", "2", "./examples/hello")
+	if st := j.wait(2 * time.Minute); st != 0 {
+		t.Fatalf("exit status %d\n%s", st, j.stderr.String())
+	}
+	checkHello(t, j.out(), 8, 4)
+}
+
+// TestLaunch64 starts 64 ranks on 8 emulated nodes, which pass a barrier.
+func TestLaunch64(t *testing.T) {
+	t.Parallel()
+	xrcrun, _ := tools(t)
+	hello := filepath.Join(filepath.Dir(xrcrun), "hello")
+	start := time.Now()
+	j := startJob(t, ".", nil, "-n", "64", "--nodes", "8", "--timeout", "5m", hello)
+	if st := j.wait(6 * time.Minute); st != 0 {
+		t.Fatalf("exit status %d\n%s", st, j.stderr.String())
+	}
+	checkHello(t, j.out(), 64, 8)
+	t.Logf("64 ranks on 8 nodes in %v", time.Since(start))
 }
 
 func TestLaunchKilledRank(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/xrcrun/xrc/bootstrap"
 	_ "github.com/xrcrun/xrc/mlx4"
 	_ "github.com/xrcrun/xrc/softhca" // the soft verbs driver
 	"github.com/xrcrun/xrc/verbs"
@@ -24,12 +25,22 @@ func main() {
 	ignoreTerm := flag.Bool("ignore-term", false, "ignore SIGTERM")
 	child := flag.Bool("child", false, "start a child process that sleeps, in the rank's process group")
 	lines := flag.Int("lines", 1, "how many lines to print")
+	join := flag.Bool("join", false, "join the job's rendezvous (bootstrap.FromEnv) and pass a barrier before exiting")
 	open := flag.Bool("open", false, "open the node's device (XRC_DEVICE) and print its port's GID")
 	flag.Parse()
 	if *ignoreTerm {
 		signal.Ignore(syscall.SIGTERM)
 	}
 	rank, _ := strconv.Atoi(os.Getenv("XRC_RANK"))
+	var client *bootstrap.Client
+	if *join {
+		c, _, err := bootstrap.FromEnv(context.Background(), bootstrap.ClientConfig{})
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "rank %d: join: %v\n", rank, err)
+			os.Exit(1)
+		}
+		client = c
+	}
 	for i := range *lines {
 		fmt.Printf("rank %s of %s node %s/%s local %s/%s device %s dir %s pid %d line %d x=%s\n",
 			os.Getenv("XRC_RANK"), os.Getenv("XRC_SIZE"), os.Getenv("XRC_NODE"), os.Getenv("XRC_NNODES"),
@@ -54,6 +65,16 @@ func main() {
 	if rank == *exitRank {
 		time.Sleep(100 * time.Millisecond)
 		os.Exit(*code)
+	}
+	if client != nil && !*hang {
+		// Without -exit-rank every rank arrives; with it, the job is aborted
+		// when that rank exits without leaving, and the barrier fails.
+		if err := client.Barrier(context.Background()); err != nil {
+			fmt.Fprintf(os.Stderr, "rank %d: barrier: %v\n", rank, err)
+			os.Exit(1)
+		}
+		client.Close()
+		return
 	}
 	if *hang || *exitRank >= 0 {
 		for {
