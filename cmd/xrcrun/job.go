@@ -64,6 +64,7 @@ const (
 	evMessage                    // node sent msg
 	evGone                       // node's connection ended: err
 	evExited                     // proc exited: err
+	evUnseen                     // proc exited a while ago: err; its nodes that never connected are lost
 )
 
 type event struct {

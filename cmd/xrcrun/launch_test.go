@@ -385,7 +385,7 @@ func TestLaunch64(t *testing.T) {
 func TestLaunchKilledRank(t *testing.T) {
 	t.Parallel()
 	_, rank := tools(t)
-	j := startJob(t, ".", nil, "-n", "8", "--nodes", "2", rank, "-hang")
+	j := startJob(t, ".", nil, "-n", "8", "--nodes", "2", rank, "-join", "-hang")
 	ranks := checkRanks(t, j.waitLines(8, rankLine, time.Minute), 8, func(r int) int { return r / 4 })
 	victim := ranks[6]
 	if err := syscall.Kill(victim.pid, syscall.SIGKILL); err != nil {

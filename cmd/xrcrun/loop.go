@@ -102,6 +102,11 @@ func (j *job) handle(ev event) {
 	case evExited:
 		ev.proc.exited = true
 		j.log.Debug("process exited", "what", ev.proc.what, "err", ev.err)
+		// An agent that connected and exited at once (it failed) may be
+		// seen exiting before its connection is: wait for it a moment.
+		ev.kind = evUnseen
+		time.AfterFunc(2*time.Second, func() { j.post(ev) })
+	case evUnseen:
 		for _, k := range ev.proc.nodes {
 			if j.conns[k] == nil && !j.byeSent {
 				detail := "its node agent exited before it connected"
