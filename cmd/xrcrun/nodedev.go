@@ -98,7 +98,7 @@ func serveDevice(ctx context.Context, d *softhca.Device, dir string) error {
 func kernelDevice() (string, bool) {
 	devs, _ := verbs.Devices()
 	for _, d := range devs {
-		if d.Driver != "soft" && d.Path != "" {
+		if d.Transport == "InfiniBand" { // a kernel device, not a soft HCA's service
 			return d.Name, true
 		}
 	}
