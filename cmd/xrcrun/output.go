@@ -6,6 +6,9 @@ import (
 	"strconv"
 )
 
+// maxLineLen bounds what the launcher holds of a rank's unfinished line.
+const maxLineLen = 64 << 10
+
 // output writes the ranks' output to the launcher's stdout and stderr a
 // whole line at a time, so that lines of different ranks never mix, each
 // prefixed with "[rank] " under --tag-output. It is used by one goroutine.
@@ -29,6 +32,11 @@ func (o *output) write(rank, stream int, data []byte) {
 	k := [2]int{rank, stream}
 	buf := append(o.partial[k], data...)
 	end := bytes.LastIndexByte(buf, '\n')
+	if end < 0 && len(buf) >= maxLineLen { // a line without end: pass it on in pieces
+		o.emit(rank, stream, append(buf, '\n'))
+		delete(o.partial, k)
+		return
+	}
 	if end < 0 {
 		o.partial[k] = buf
 		return

@@ -27,6 +27,11 @@ func TestOutputLines(t *testing.T) {
 	}
 	out.Reset()
 	o = newOutput(&out, &errb, false, nil)
+	o.write(3, 1, bytes.Repeat([]byte("x"), maxLineLen))
+	if out.Len() != maxLineLen+1 {
+		t.Errorf("a line without end held back: %d bytes written", out.Len())
+	}
+	out.Reset()
 	o.write(0, 1, []byte("a\nb\nc"))
 	o.flush(0)
 	if out.String() != "a\nb\nc\n" {
