@@ -157,4 +157,17 @@ func TestLaunchSSH(t *testing.T) {
 	if want := "* rank 2 (node 1, 127.0.0.2): exit status 5"; !strings.Contains(j.stderr.String(), want) {
 		t.Errorf("stderr lacks %q:\n%s", want, j.stderr.String())
 	}
+
+	// A host file with slots; SIGINT to xrcrun ends the ranks on the hosts.
+	hostfile := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(hostfile, []byte("# two hosts\n127.0.0.1 slots=1\n127.0.0.2 slots=3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	j = startJob(t, ".", nil, "--hostfile", hostfile, "--ssh", ssh, rank, "-join", "-hang")
+	lines := j.waitLines(4, rankLine, time.Minute)
+	checkRanks(t, lines, 4, func(r int) int { return min(r, 1) })
+	j.cmd.Process.Signal(syscall.SIGINT)
+	if st := j.wait(time.Minute); st != 130 {
+		t.Errorf("exit status %d, want 130\n%s", st, j.stderr.String())
+	}
 }
