@@ -106,8 +106,9 @@ func kernelDevice() (string, bool) {
 }
 
 // hcaAddrs lists the addresses to try for node's soft HCA, best first: the
-// launcher's choice, or the host's address; with AddrFallback, random
-// loopback addresses after it, so that jobs on one machine never collide.
+// launcher's choice, or the host's address; with AddrFallback or a
+// loopback address, random loopback addresses after it, so that jobs on one
+// machine never collide.
 func hcaAddrs(ctx context.Context, spec agentSpec, node int) ([]netip.Addr, error) {
 	at := spec.Nodes[node]
 	var first netip.Addr
@@ -128,7 +129,9 @@ func hcaAddrs(ctx context.Context, spec agentSpec, node int) ([]netip.Addr, erro
 		first = netip.AddrFrom4([4]byte{127, 0, 1, byte(1 + node%254)})
 	}
 	addrs := []netip.Addr{first}
-	if spec.AddrFallback {
+	// A host named by a loopback address is this machine, where any
+	// loopback address does as well, and where other jobs may hold it.
+	if spec.AddrFallback || first.IsLoopback() {
 		for range 64 {
 			addrs = append(addrs, randomLoopback())
 		}

@@ -137,6 +137,11 @@ PermitRootLogin prohibit-password
 func TestLaunchSSH(t *testing.T) {
 	_, rank := tools(t)
 	ssh := startSSHD(t)
+	// 127.0.0.1:4791 is taken (here, unless another job holds it): that
+	// host's soft HCA moves to a free loopback address.
+	if c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 4791}); err == nil {
+		defer c.Close()
+	}
 	j := startJob(t, ".", []string{"XRCRUN_TEST_X=by-ssh"}, "-H", "127.0.0.1,127.0.0.2", "-n", "4", "--ssh", ssh,
 		"-x", "XRCRUN_TEST_X", rank)
 	if st := j.wait(2 * time.Minute); st != 0 {
