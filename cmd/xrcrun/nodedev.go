@@ -131,7 +131,7 @@ func hcaAddrs(ctx context.Context, spec agentSpec, node int) ([]netip.Addr, erro
 	addrs := []netip.Addr{first}
 	// A host named by a loopback address is this machine, where any
 	// loopback address does as well, and where other jobs may hold it.
-	if spec.AddrFallback || first.IsLoopback() {
+	if spec.AddrFallback || (at.Addr == "" && first.IsLoopback()) {
 		for range 64 {
 			addrs = append(addrs, randomLoopback())
 		}
