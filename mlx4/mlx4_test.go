@@ -27,7 +27,7 @@ func testQP(t *testing.T, c verbs.QPCap) (*QP, *recordUAR) {
 	qp.sq.wrid = make([]uint64, qp.sq.cnt)
 	qp.sq.maxPost = qp.sq.cnt - qp.spare
 	wqeSize := 1<<qp.sq.shift - mlx4hw.CtrlSegSize - mlx4hw.RaddrSegSize
-	qp.sq.maxGS = wqeSize / mlx4hw.DataSegSize
+	qp.sq.maxGS = int32(wqeSize / mlx4hw.DataSegSize)
 	qp.maxInline = wqeSize - mlx4hw.InlineHdrSize*((wqeSize+mlx4hw.InlineAlign-1)/mlx4hw.InlineAlign)
 	qp.initSQOwnership()
 	return qp, uar

@@ -17,20 +17,28 @@ import (
 // wq is one work queue of a QP: a ring of fixed-size WQE slots in the QP
 // buffer, with the wr_id of each posted request.
 type wq struct {
-	buf     []byte // the ring, a slice of the QP buffer
-	cnt     uint32 // slots, a power of two
-	shift   uint   // log2 of the slot size
-	maxPost uint32 // requests that may be outstanding
-	maxGS   int
 	head    uint32        // guarded by the queue's post lock: next slot to fill
 	tail    atomic.Uint32 // advanced by polling: oldest outstanding slot
-	wrid    []uint64
+	cnt     uint32        // slots, a power of two
+	maxPost uint32        // requests that may be outstanding
+	shift   uint8         // log2 of the slot size
+	maxGS   int32
+	buf     []byte // the ring, a slice of the QP buffer
+	// wrid holds the wr_id of the outstanding requests by slot index,
+	// modulo its length: a power of two at least maxPost, so that the
+	// requests outstanding never share an entry, and as short as that
+	// allows, so that a queue's wr_ids take few cache lines however often
+	// its ring wraps.
+	wrid []uint64
 }
 
 func (q *wq) slot(i uint32) []byte {
 	off := int(i&(q.cnt-1)) << q.shift
 	return q.buf[off : off+1<<q.shift]
 }
+
+// setWRID records the wr_id of the request in slot i.
+func (q *wq) setWRID(i uint32, id uint64) { q.wrid[i&uint32(len(q.wrid)-1)] = id }
 
 // full reports whether n more requests would overflow the queue.
 func (q *wq) full(n uint32) bool { return q.head+n-q.tail.Load() >= q.maxPost }
@@ -40,7 +48,7 @@ func (q *wq) full(n uint32) bool { return q.head+n-q.tail.Load() >= q.maxPost }
 func (q *wq) retire(index uint16) uint64 {
 	t := q.tail.Load()
 	t += uint32(index - uint16(t))
-	id := q.wrid[t&(q.cnt-1)]
+	id := q.wrid[t&uint32(len(q.wrid)-1)]
 	q.tail.Store(t + 1)
 	return id
 }
@@ -48,28 +56,36 @@ func (q *wq) retire(index uint16) uint64 {
 // retireNext completes the oldest receive WQE.
 func (q *wq) retireNext() uint64 {
 	t := q.tail.Load()
-	id := q.wrid[t&(q.cnt-1)]
+	id := q.wrid[t&uint32(len(q.wrid)-1)]
 	q.tail.Store(t + 1)
 	return id
 }
 
 // QP is a queue pair.
+//
+// What a post to the send queue and its completion read and write comes
+// first, so that with thousands of QPs, whose objects are mostly out of
+// the CPU's caches, a message misses few cache lines of its QP: the send
+// queue's lock and ring, the context (for the doorbell) and the QP number
+// fill the first 128 bytes. The object's size is a multiple of 64 bytes,
+// which keeps the Go allocator from placing it across a cache line more
+// than it needs.
 type QP struct {
+	sqMu   sync.Mutex
+	sq     wq
 	ctx    *Context
-	handle uint32
 	qpn    uint32
-	typ    verbs.QPType
-	mem    ring // the QP buffer (both work queues) and the receive doorbell record, if any
-	sendCQ *CQ
-	recvCQ *CQ
+	sigAll uint32 // CtrlCQUpdate when every request is signaled
+	spare  uint32 // headroom slots kept free for prefetch
 	srq    *SRQ
-	cap    verbs.QPCap
 
-	sqMu      sync.Mutex
-	sq        wq
-	spare     uint32 // headroom slots kept free for prefetch
 	maxInline int
-	sigAll    uint32 // CtrlCQUpdate when every request is signaled
+	handle    uint32
+	typ       verbs.QPType
+	mem       ring // the QP buffer (both work queues) and the receive doorbell record, if any
+	sendCQ    *CQ
+	recvCQ    *CQ
+	cap       verbs.QPCap
 
 	rqMu sync.Mutex
 	rq   wq
@@ -78,7 +94,7 @@ type QP struct {
 // sqWQEShift sizes send WQE slots as libmlx4 does: room for the control
 // segment, the remote address segment and either the SGEs or the inline
 // data, at least an atomic request, in whole basic blocks.
-func sqWQEShift(c verbs.QPCap) uint {
+func sqWQEShift(c verbs.QPCap) uint8 {
 	inlSegs := func(data int) int {
 		data += (mlx4hw.CtrlSegSize + mlx4hw.RaddrSegSize) % mlx4hw.InlineAlign
 		return (data + mlx4hw.InlineAlign - mlx4hw.InlineHdrSize - 1) / (mlx4hw.InlineAlign - mlx4hw.InlineHdrSize)
@@ -89,7 +105,7 @@ func sqWQEShift(c verbs.QPCap) uint {
 	size := maxGS*mlx4hw.DataSegSize + mlx4hw.RaddrSegSize
 	size = max(size, mlx4hw.AtomicSegSize+mlx4hw.RaddrSegSize+mlx4hw.DataSegSize)
 	size += mlx4hw.CtrlSegSize
-	shift := uint(6)
+	shift := uint8(6)
 	for 1<<shift < size {
 		shift++
 	}
@@ -143,8 +159,8 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 		cp.MaxRecvWR = max(cp.MaxRecvWR, 1)
 		cp.MaxRecvSGE = max(cp.MaxRecvSGE, 1)
 		qp.rq.cnt = roundPow2(cp.MaxRecvWR)
-		qp.rq.maxGS = int(roundPow2(cp.MaxRecvSGE))
-		qp.rq.shift = uint(bits.Len32(uint32(qp.rq.maxGS*mlx4hw.DataSegSize)) - 1)
+		qp.rq.maxGS = int32(roundPow2(cp.MaxRecvSGE))
+		qp.rq.shift = uint8(bits.Len32(uint32(qp.rq.maxGS)*mlx4hw.DataSegSize) - 1)
 	} else {
 		cp.MaxRecvWR, cp.MaxRecvSGE = 0, 0
 	}
@@ -159,8 +175,6 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 	}
 	qp.sq.buf = qp.mem.buf[sqOff : sqOff+sqBytes]
 	qp.rq.buf = qp.mem.buf[rqOff : rqOff+rqBytes]
-	qp.sq.wrid = make([]uint64, qp.sq.cnt)
-	qp.rq.wrid = make([]uint64, qp.rq.cnt)
 	qp.initSQOwnership()
 
 	logCnt := uint8(bits.Len32(qp.sq.cnt) - 1)
@@ -196,8 +210,10 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 	// The sizes the queues really have.
 	qp.rq.maxPost = qp.rq.cnt
 	wqeSize := 1<<qp.sq.shift - mlx4hw.CtrlSegSize - mlx4hw.RaddrSegSize
-	qp.sq.maxGS = wqeSize / mlx4hw.DataSegSize
+	qp.sq.maxGS = int32(wqeSize / mlx4hw.DataSegSize)
 	qp.sq.maxPost = qp.sq.cnt - qp.spare
+	qp.sq.wrid = make([]uint64, roundPow2(qp.sq.maxPost))
+	qp.rq.wrid = make([]uint64, qp.rq.cnt)
 	qp.maxInline = wqeSize - mlx4hw.InlineHdrSize*((wqeSize+mlx4hw.InlineAlign-1)/mlx4hw.InlineAlign)
 	qp.cap = verbs.QPCap{
 		MaxSendWR: qp.sq.maxPost, MaxRecvWR: qp.rq.maxPost, MaxSendSGE: uint32(qp.sq.maxGS),
@@ -220,8 +236,13 @@ func (qp *QP) initSQOwnership() {
 
 // stamp writes 0xffffffff at the start of every 64-byte block but the first
 // of slot i, so that a prefetching device never takes stale data for a
-// valid segment.
+// valid segment. Slots of one block have nothing to stamp: their WQE's
+// size is not even read, which would touch a line of the send queue that
+// the post has no other use for.
 func (qp *QP) stamp(i uint32) {
+	if 1<<qp.sq.shift <= mlx4hw.BasicBlockSize {
+		return
+	}
 	w := qp.sq.slot(i)
 	ds := int(w[7]&0x3f) * 16
 	for off := 64; off < ds; off += 64 {
@@ -260,7 +281,7 @@ func (qp *QP) PostSend(wr *verbs.SendWR) error {
 			break
 		}
 		w := qp.sq.slot(ind)
-		qp.sq.wrid[ind&(qp.sq.cnt-1)] = wr.WRID
+		qp.sq.setWRID(ind, wr.WRID)
 		op := sendOpcodes[wr.Opcode]
 		off := mlx4hw.CtrlSegSize
 		switch op {
@@ -343,7 +364,7 @@ func (qp *QP) checkSend(wr *verbs.SendWR, n uint32) error {
 		if wr.Opcode == verbs.WRRDMARead || wr.Opcode == verbs.WRAtomicCmpAndSwp || wr.Opcode == verbs.WRAtomicFetchAdd {
 			return fail(unix.EINVAL, "inline %v", wr.Opcode)
 		}
-	} else if len(wr.SG) > qp.sq.maxGS {
+	} else if len(wr.SG) > int(qp.sq.maxGS) {
 		return fail(unix.ENOMEM, "%d SGEs, QP takes %d", len(wr.SG), qp.sq.maxGS)
 	}
 	return nil
@@ -389,13 +410,13 @@ func (qp *QP) PostRecv(wr *verbs.RecvWR) error {
 			err = &verbs.PostError{Index: int(n), Err: unix.Error(unix.ENOMEM, "receive queue full")}
 			break
 		}
-		if len(wr.SG) > qp.rq.maxGS {
+		if len(wr.SG) > int(qp.rq.maxGS) {
 			err = &verbs.PostError{Index: int(n), Err: unix.Errorf(unix.EINVAL, "%d SGEs, QP takes %d", len(wr.SG), qp.rq.maxGS)}
 			break
 		}
 		i := qp.rq.head + n
-		putRecvSG(qp.rq.slot(i), wr.SG, qp.rq.maxGS)
-		qp.rq.wrid[i&(qp.rq.cnt-1)] = wr.WRID
+		putRecvSG(qp.rq.slot(i), wr.SG, int(qp.rq.maxGS))
+		qp.rq.setWRID(i, wr.WRID)
 	}
 	if n > 0 {
 		qp.rq.head += n

@@ -58,9 +58,27 @@ type engine struct {
 	// now is the device clock, read once at the start of each round: every
 	// time the data path needs (timer deadlines, round-trip samples, RNR
 	// waits) is taken from it, so a round reads the clock once however
-	// many messages it moves.
-	now time.Time
+	// many messages it moves. nowI is the same as an instant.
+	now   time.Time
+	nowI  instant
+	epoch time.Time // instant 0: the clock when the engine was made
 }
+
+// instant is a time on the device clock: nanoseconds since the engine's
+// epoch (the clock's reading when the engine was made), in 8 bytes where a
+// time.Time takes 24. The zero instant means none: the data path only
+// stores instants of the clock's readings after the epoch, or later
+// deadlines.
+type instant int64
+
+func (t instant) add(d time.Duration) instant { return t + instant(d) }
+func (t instant) sub(u instant) time.Duration { return time.Duration(t - u) }
+
+// instant converts a time on the device clock.
+func (e *engine) instant(t time.Time) instant { return instant(t.Sub(e.epoch)) }
+
+// time converts an instant back.
+func (e *engine) time(t instant) time.Time { return e.epoch.Add(time.Duration(t)) }
 
 // doorbell is a UAR write of a client.
 type doorbell struct {
@@ -77,8 +95,14 @@ type bellSource struct {
 }
 
 func newEngine(d *Device, spin time.Duration, f Faults) *engine {
-	return &engine{d: d, spin: spin, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
+	e := &engine{d: d, spin: spin, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		faults: newFaulter(f)}
+	if d.clock != nil {
+		e.epoch = d.clock.Now()
+	} else { // a device made by hand in a test, whose engine never runs
+		e.epoch = time.Now()
+	}
+	return e
 }
 
 func (e *engine) stop() {
@@ -226,6 +250,7 @@ func (e *engine) loop() {
 func (e *engine) round() bool {
 	d := e.d
 	e.now = d.clock.Now()
+	e.nowI = e.instant(e.now)
 	now := e.now
 	worked := len(e.bellWork) > 0 || len(e.rxWork) > 0
 	for i := range e.bellWork {
@@ -249,7 +274,7 @@ func (e *engine) round() bool {
 		d.receive(p)
 		e.rxWork[i] = nil
 	}
-	if e.fireTimers(now) {
+	if e.fireTimers(e.nowI) {
 		worked = true
 	}
 	for len(e.runq) > 0 {
@@ -309,7 +334,7 @@ func (e *engine) armTimer(now time.Time) {
 		// The earliest entry of the heap: no QP's timer fires before it
 		// (it may fire later, or not at all: the round that finds it due
 		// sorts that out).
-		at = e.timers[0].req.heapAt
+		at = e.time(e.timers[0].req.heapAt)
 	}
 	if len(e.errq) > 0 && (at.IsZero() || at.After(now.Add(errPoll))) {
 		at = now.Add(errPoll)
@@ -338,39 +363,39 @@ func (e *engine) armTimer(now time.Time) {
 // moving the deadline later leaves the heap alone; the round that finds
 // the entry due drops it or queues it again at the new deadline. Only a
 // deadline earlier than the queued one touches the heap.
-func (e *engine) setTimer(q *qp, at time.Time) {
+func (e *engine) setTimer(q *qp, at instant) {
 	r := &q.req
 	r.timerAt = at
 	switch {
-	case at.IsZero():
+	case at == 0:
 	case r.heapIdx < 0:
 		r.heapAt = at
 		heap.Push(&e.timers, q)
-	case at.Before(r.heapAt):
+	case at < r.heapAt:
 		r.heapAt = at
-		heap.Fix(&e.timers, r.heapIdx)
+		heap.Fix(&e.timers, int(r.heapIdx))
 	}
 }
 
 // fireTimers runs the timers due at now, and drops or queues again the
 // heap entries of timers cancelled or moved later. It reports whether a
 // timer fired. Caller holds d.mu.
-func (e *engine) fireTimers(now time.Time) bool {
+func (e *engine) fireTimers(now instant) bool {
 	fired := false
-	for len(e.timers) > 0 && !e.timers[0].req.heapAt.After(now) {
+	for len(e.timers) > 0 && e.timers[0].req.heapAt <= now {
 		q := e.timers[0]
 		r := &q.req
 		switch {
-		case r.timerAt.IsZero(): // cancelled since it was queued
+		case r.timerAt == 0: // cancelled since it was queued
 			heap.Pop(&e.timers)
-		case r.timerAt.After(now): // moved later since it was queued
+		case r.timerAt > now: // moved later since it was queued
 			r.heapAt = r.timerAt
 			heap.Fix(&e.timers, 0)
 		default:
 			heap.Pop(&e.timers)
-			r.timerAt = time.Time{}
+			r.timerAt = 0
 			fired = true
-			e.d.timeout(q, now)
+			e.d.timeout(q)
 		}
 	}
 	return fired
@@ -381,9 +406,9 @@ func (e *engine) fireTimers(now time.Time) bool {
 // has no use for it. Caller holds d.mu.
 func (e *engine) cancelTimer(q *qp) {
 	r := &q.req
-	r.timerAt = time.Time{}
+	r.timerAt = 0
 	if r.heapIdx >= 0 {
-		heap.Remove(&e.timers, r.heapIdx)
+		heap.Remove(&e.timers, int(r.heapIdx))
 	}
 }
 
@@ -440,14 +465,14 @@ func (d *Device) transmit(ps []*roce.Packet, c *pktCache) {
 type timerHeap []*qp
 
 func (h timerHeap) Len() int           { return len(h) }
-func (h timerHeap) Less(i, j int) bool { return h[i].req.heapAt.Before(h[j].req.heapAt) }
+func (h timerHeap) Less(i, j int) bool { return h[i].req.heapAt < h[j].req.heapAt }
 func (h timerHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].req.heapIdx, h[j].req.heapIdx = i, j
+	h[i].req.heapIdx, h[j].req.heapIdx = int32(i), int32(j)
 }
 func (h *timerHeap) Push(x any) {
 	q := x.(*qp)
-	q.req.heapIdx = len(*h)
+	q.req.heapIdx = int32(len(*h))
 	*h = append(*h, q)
 }
 func (h *timerHeap) Pop() any {

@@ -554,7 +554,7 @@ type qpSnap struct {
 	acked, high, psn, head, cwnd    uint32
 	n, sendIdx, rdAtomic            int
 	retries, rnrLeft                uint8
-	rnrUntil, timerAt               time.Time
+	rnrUntil, timerAt               instant
 	wqes                            string
 	cqPI, srqTaken, srqHead, srqLim uint32
 }
@@ -592,7 +592,7 @@ func (w *dgWorld) snapshot(t testing.TB, in *dgInput) [3]qpSnap {
 		}
 		s[i] = qpSnap{state: q.state, epsn: q.resp.epsn, msn: q.resp.msn, off: q.resp.off, rqTook: q.rqTook,
 			nakSent: q.resp.nakSent, inMsg: q.resp.inMsg, hasRecv: q.resp.hasRecv,
-			resNext: q.resp.resNext, reads: len(q.resp.reads),
+			resNext: int(q.resp.resNext), reads: len(q.resp.reads),
 			acked: r.acked, high: r.high, psn: r.psn, head: r.head, cwnd: r.cwnd,
 			n: len(r.q), sendIdx: r.sendIdx, rdAtomic: r.rdAtomic, retries: r.retries, rnrLeft: r.rnrLeft,
 			rnrUntil: r.rnrUntil, timerAt: r.timerAt, wqes: string(wq),
@@ -600,7 +600,7 @@ func (w *dgWorld) snapshot(t testing.TB, in *dgInput) [3]qpSnap {
 		// Liveness: work outstanding on a QP that sends has a timer
 		// that will retry it; READ responses owed are being sent.
 		if (q.state == qpstate.RTS || q.state == qpstate.SQD) && len(r.q) > 0 &&
-			(r.timerAt.IsZero() || r.heapIdx < 0 || r.heapIdx >= len(d.eng.timers) || d.eng.timers[r.heapIdx] != q) {
+			(r.timerAt == 0 || r.heapIdx < 0 || int(r.heapIdx) >= len(d.eng.timers) || d.eng.timers[r.heapIdx] != q) {
 			t.Fatalf("wedged: QP %d (%v) has %d requests outstanding and no timer", i, q.state, len(r.q))
 		}
 		if len(q.resp.reads) > 0 {
@@ -828,8 +828,10 @@ func (w *dgWorld) finish(t testing.TB, in *dgInput) {
 		var next time.Time
 		w.d.mu.Lock()
 		for _, n := range in.nums {
-			if q := w.d.qps.get(n); q != nil && !q.req.timerAt.IsZero() && (next.IsZero() || q.req.timerAt.Before(next)) {
-				next = q.req.timerAt
+			if q := w.d.qps.get(n); q != nil && q.req.timerAt != 0 {
+				if at := w.d.eng.time(q.req.timerAt); next.IsZero() || at.Before(next) {
+					next = at
+				}
 			}
 		}
 		w.d.mu.Unlock()

@@ -25,48 +25,53 @@ func (r *ring) slot(i uint32) []byte {
 
 // qp is a queue pair.
 //
-// The fields the data path reads for every message come first, in the
-// order it reads them, so that a message on a QP whose object has left the
-// CPU's cache (with thousands of QPs, most have) misses few cache lines:
-// the first 64 bytes, then the address vector and the send queue (64
-// more), then the responder's state (its first 128 bytes are the ones a
-// message uses) or the requester's (256 bytes, from a cache line's start). The attributes
-// and bookkeeping only commands use come last.
+// Its fields are laid out by use, so that a message on a QP whose object
+// has left the CPU's cache (with thousands of QPs, most have) misses as few
+// cache lines as it can. The object is a whole number of cache lines, so
+// the allocator starts it on one. The first line holds what both sides
+// read for every message; the second the responder's state of a message,
+// the third the scatter list of a receive (for SENDs); then come the
+// responder's READ and atomic resources; then, from the fifth line, the
+// send queue and the requester's state, which a message reads and writes
+// nearly all of, in three lines. The attributes and bookkeeping only
+// commands use come last.
 type qp struct {
 	num                          uint32
 	destQPN                      uint32
 	access                       uint32
 	state                        qpstate.State
+	typ                          qpstate.Type
+	xport                        roce.Opcode // the transport prefix of its packets: RC, or XRC for both XRC types
 	destroyed                    bool
 	inErrq                       bool // in the engine's list of error-state QPs to flush
 	pathMTU                      uint8
 	timeout, retryCnt, rnrRetry  uint8
 	minRNRTimer                  uint8
 	maxRdAtomic, maxDestRdAtomic uint8
-	client                       *Client
-	scq, rcq                     *cq
-	srq                          *srq
+	dgid                         [16]byte // the address vector's destination GID (ah.DGID)
 	pd                           *pd
-	ah                           uverbs.QPDest
-	sq                           ring
+	client                       *Client
+	scq                          *cq
 
+	rcq  *cq
+	srq  *srq
 	resp responder
-	req  requester
 
+	sq  ring
+	req requester
+
+	ah     uverbs.QPDest
 	rq     ring
 	rqGS   int
 	rqDB   []byte // producer counter of the receive queue (16 bits)
 	rqTook uint32 // receive WQEs consumed
 
-	// XRC: the transport prefix of the QP's packets (TransportXRC for both
-	// XRC types), a receive QP's domain and its openers (it has no client
-	// of its own).
-	xport   roce.Opcode
+	// XRC: a receive QP's domain and its openers (it has no client of
+	// its own).
 	xrcd    *xrcd
 	openers []*tgtOpen
 
 	// Attributes and bookkeeping of the commands.
-	typ                qpstate.Type
 	sqdNotify          bool
 	pkeyIndex          uint16
 	port               uint8
@@ -372,6 +377,7 @@ func (d *Device) applyQPAttrs(q *qp, a *uverbs.ModifyQP, mask qpstate.Mask) {
 	}
 	if mask&mAV != 0 {
 		q.ah = a.Dest
+		q.dgid = a.Dest.DGID
 	}
 	if mask&mPathMTU != 0 {
 		q.pathMTU = a.PathMTU

@@ -54,32 +54,35 @@ func (w *swqe) lastPSN() uint32 { return (w.psn + w.npkts - 1) & roce.PSNMask }
 
 func (w *swqe) rdAtomic() bool { return w.class == classRead || w.class == classAtomic }
 
-// requester is the send side of a QP.
+// requester is the send side of a QP. A message reads and writes nearly
+// all of it, so it is kept small: with the QP's send queue ring it fills
+// three cache lines (see qp). Its times are instants, 8 bytes where a
+// time.Time takes 24.
 type requester struct {
-	scheduled bool
-	head      uint32        // next SQ index to fetch
-	psn       uint32        // PSN of the next new WQE
-	high      uint32        // PSN after the highest sent: below it, sending again is a retransmission
-	acked     uint32        // last PSN acknowledged
-	q         []*swqe       // outstanding, oldest first; a window into qbuf's array
-	qbuf      []*swqe       // the array q lives in, reused as q slides forward
-	sendIdx   int           // first WQE of q with packets to send
-	rdAtomic  int           // READs and atomics sent and not answered
-	cwnd      uint32        // congestion window: packets that may be unacknowledged
-	ssthresh  uint32        // below it the window doubles each round trip, above it grows by one
-	cwndAcc   uint32        // packets acknowledged toward the next window increase
-	srtt      time.Duration // smoothed round-trip time, 0 before the first sample
-	rttvar    time.Duration
-	probing   bool // a round-trip sample is under way
+	head      uint32 // next SQ index to fetch
+	psn       uint32 // PSN of the next new WQE
+	high      uint32 // PSN after the highest sent: below it, sending again is a retransmission
+	acked     uint32 // last PSN acknowledged
+	cwnd      uint32 // congestion window: packets that may be unacknowledged
+	ssthresh  uint32 // below it the window doubles each round trip, above it grows by one
+	cwndAcc   uint32 // packets acknowledged toward the next window increase
 	probePSN  uint32
-	probeAt   time.Time
+	heapIdx   int32 // the QP's place in the engine's timer heap, -1 when absent
+	scheduled bool
+	probing   bool  // a round-trip sample is under way
 	retries   uint8 // transport retries left
 	rnrLeft   uint8 // RNR retries left
-	rnrUntil  time.Time
-	timerAt   time.Time // when the QP's timer fires; zero when not set
-	heapAt    time.Time // when the QP is queued in the engine's timer heap: at or before timerAt
-	heapIdx   int       // the QP's place in the engine's timer heap, -1 when absent
 	drainSent bool
+	sendIdx   int           // first WQE of q with packets to send
+	rdAtomic  int           // READs and atomics sent and not answered
+	q         []*swqe       // outstanding, oldest first; a window into qbuf's array
+	qbuf      []*swqe       // the array q lives in, reused as q slides forward
+	srtt      time.Duration // smoothed round-trip time, 0 before the first sample
+	rttvar    time.Duration
+	probeAt   instant
+	rnrUntil  instant // the end of an RNR wait; zero when not waiting
+	timerAt   instant // when the QP's timer fires; zero when not set
+	heapAt    instant // when the QP is queued in the engine's timer heap: at or before timerAt
 }
 
 // reset forgets everything outstanding, giving the WQE records back to
@@ -246,15 +249,15 @@ func (d *Device) pump(q *qp) {
 	default:
 		return // WQEs posted before RTS wait for it
 	}
-	now := d.eng.now
-	if !r.rnrUntil.IsZero() && now.Before(r.rnrUntil) {
+	now := d.eng.nowI
+	if r.rnrUntil != 0 && now < r.rnrUntil {
 		return
 	}
-	if !r.rnrUntil.IsZero() {
+	if r.rnrUntil != 0 {
 		// The RNR wait is over before its timer fired: the timer is the
 		// transport timer again.
-		r.rnrUntil = time.Time{}
-		d.eng.setTimer(q, time.Time{})
+		r.rnrUntil = 0
+		d.eng.setTimer(q, 0)
 	}
 	if q.state == qpstate.RTS && !d.fetchPosted(q) {
 		return
@@ -286,8 +289,8 @@ func (d *Device) pump(q *qp) {
 		}
 		r.sendIdx++
 	}
-	if len(r.q) > 0 && r.timerAt.IsZero() && q.timeout != 0 {
-		d.eng.setTimer(q, now.Add(d.rto(q)))
+	if len(r.q) > 0 && r.timerAt == 0 && q.timeout != 0 {
+		d.eng.setTimer(q, now.add(d.rto(q)))
 	}
 	if q.state == qpstate.SQD && len(r.q) == 0 && q.sqdNotify && !r.drainSent {
 		r.drainSent = true
@@ -389,7 +392,7 @@ func (d *Device) sendRequest(q *qp, w *swqe, k uint32) bool {
 	} else {
 		r.high = (p.PSN + 1) & roce.PSNMask
 		if !r.probing { // time a packet sent once (Karn's rule)
-			r.probing, r.probePSN, r.probeAt = true, p.PSN, d.eng.now
+			r.probing, r.probePSN, r.probeAt = true, p.PSN, d.eng.nowI
 		}
 	}
 	first, last := k == 0, k == w.npkts-1
@@ -481,7 +484,7 @@ func messageOpcode(send, first, last, imm bool) roce.Opcode {
 func (d *Device) newPacket(q *qp) *roce.Packet {
 	p := d.eng.pkts.get()
 	p.SrcGID = d.gid
-	p.DstGID = q.ah.DGID
+	p.DstGID = q.dgid
 	p.DestQP = q.destQPN
 	p.PKey = 0xffff
 	return p
@@ -583,7 +586,7 @@ func (d *Device) onAck(q *qp, p *roce.Packet) {
 			r.rnrLeft--
 		}
 		d.rewind(q, p.PSN)
-		r.rnrUntil = d.eng.now.Add(rnrDelay(p.Syndrome & 0x1f))
+		r.rnrUntil = d.eng.nowI.add(rnrDelay(p.Syndrome & 0x1f))
 		d.eng.setTimer(q, r.rnrUntil)
 	case roce.AETHNak:
 		if !d.nakApplies(q, p.PSN) {
@@ -681,16 +684,16 @@ func (d *Device) acked(q *qp, psn uint32) {
 		progress = true
 		if r.probing && roce.PSNDiff(psn, r.probePSN) >= 0 {
 			r.probing = false
-			r.sampleRTT(d.eng.now.Sub(r.probeAt))
+			r.sampleRTT(d.eng.nowI.sub(r.probeAt))
 		}
 	}
 	if progress {
 		r.retries = q.retryCnt
 		r.rnrLeft = q.rnrRetry
 		if len(r.q) == 0 || q.timeout == 0 {
-			d.eng.setTimer(q, time.Time{})
-		} else if r.rnrUntil.IsZero() {
-			d.eng.setTimer(q, d.eng.now.Add(d.rto(q)))
+			d.eng.setTimer(q, 0)
+		} else if r.rnrUntil == 0 {
+			d.eng.setTimer(q, d.eng.nowI.add(d.rto(q)))
 		}
 	}
 }
@@ -745,7 +748,7 @@ func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
 	// Each response in order is progress: the retries start over.
 	r.retries = q.retryCnt
 	if q.timeout != 0 {
-		d.eng.setTimer(q, d.eng.now.Add(d.rto(q)))
+		d.eng.setTimer(q, d.eng.nowI.add(d.rto(q)))
 	}
 	n := uint32(len(p.Payload))
 	last := p.Opcode.IsLast()
@@ -833,14 +836,14 @@ func (d *Device) rewind(q *qp, psn uint32) {
 
 // timeout handles a requester timer: the end of an RNR wait, or the
 // transport timer, which retries or gives up.
-func (d *Device) timeout(q *qp, now time.Time) {
+func (d *Device) timeout(q *qp) {
 	r := &q.req
-	r.timerAt = time.Time{}
+	r.timerAt = 0
 	if q.state != qpstate.RTS && q.state != qpstate.SQD {
 		return
 	}
-	if !r.rnrUntil.IsZero() {
-		r.rnrUntil = time.Time{}
+	if r.rnrUntil != 0 {
+		r.rnrUntil = 0
 		d.eng.schedule(q)
 		return
 	}

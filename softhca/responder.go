@@ -30,24 +30,30 @@ type resource struct {
 	queued bool   // READ: in the QP's queue of responses to send
 }
 
-// responder is the receive side of a QP.
+// responder is the receive side of a QP. Its first 48 bytes are what a
+// message reads and writes (with the QP's receive CQ and SRQ before them,
+// a cache line), then the scatter list of a receive (SENDs use it).
 type responder struct {
 	epsn    uint32 // expected PSN
 	msn     uint32 // completed messages
-	nakSent bool   // a NAK is outstanding: drop later packets silently
-	ackDue  bool
-
-	// The message in progress.
-	inMsg   bool
-	isSend  bool
 	recvIdx uint32 // the receive WQE taken, for SENDs and writes with immediate
-	hasRecv bool
-	recvSG  []lsge // in recvSG1 while it has one entry
+	off     uint32 // bytes received of the message in progress
+	wlen    uint32 // RDMA WRITE: target region, address and length
 	recvLen uint32
-	wm      *mr // RDMA WRITE: target region, address and length
+	wm      *mr
 	wva     uint64
-	wlen    uint32
-	off     uint32 // bytes received
+	nakSent bool // a NAK is outstanding: drop later packets silently
+	ackDue  bool
+	inMsg   bool // a message is in progress
+	isSend  bool
+	hasRecv bool
+	queued  bool // in the engine's list of QPs with responses to send
+	// A NAK that ended the QP's life while READ responses of earlier
+	// requests were still to be sent: it goes after them.
+	nakAfterReads bool
+	nakSyndrome   uint8
+
+	recvSG  []lsge // in recvSG1 while it has one entry
 	recvSG1 [1]lsge
 	// An XRC receive QP's SRQ for the message in progress, named by the
 	// XRCETH of its packets.
@@ -57,15 +63,10 @@ type responder struct {
 	// duplicates: a ring of max_dest_rd_atomic entries (at least one), made
 	// when the first such request comes, since most QPs never see one.
 	res     []resource
-	resNext int         // the ring's oldest entry, the next to reuse
 	reads   []*resource // READs whose responses are being sent, in order
 	readBuf []*resource // the array reads lives in
-	queued  bool        // in the engine's list of QPs with responses to send
-	// A NAK that ended the QP's life while READ responses of earlier
-	// requests were still to be sent: it goes after them.
-	nakAfterReads bool
-	nakSyndrome   uint8
-	nakPSN        uint32
+	resNext int32       // the ring's oldest entry, the next to reuse
+	nakPSN  uint32
 }
 
 func (s *responder) reset() {
@@ -88,7 +89,7 @@ func (d *Device) receive(p *roce.Packet) {
 	d.counters.RcvData.Add(uint64(len(p.Payload)))
 	op := p.Opcode
 	q := d.qps.get(p.DestQP)
-	if !op.Valid() || q == nil || op.Transport() != q.xport || q.ah.DGID != p.SrcGID ||
+	if !op.Valid() || q == nil || op.Transport() != q.xport || q.dgid != p.SrcGID ||
 		q.typ == qpstate.XRCIni && !op.IsResponse() || q.typ == qpstate.XRCTgt && op.IsResponse() {
 		d.counters.RcvErrors.Add(1)
 		if d.debug {
@@ -417,7 +418,7 @@ func (d *Device) remember(q *qp) *resource {
 		s.growResources(want)
 	}
 	r := &s.res[s.resNext]
-	s.resNext = (s.resNext + 1) % len(s.res)
+	s.resNext = (s.resNext + 1) % int32(len(s.res))
 	if r.queued {
 		s.reads = slices.DeleteFunc(s.reads, func(x *resource) bool { return x == r })
 	}
@@ -431,7 +432,7 @@ func (s *responder) growResources(n int) {
 	old := s.res
 	res := make([]resource, n)
 	for i := range old {
-		j := (s.resNext + i) % len(old)
+		j := (int(s.resNext) + i) % len(old)
 		res[i] = old[j]
 		for k, r := range s.reads {
 			if r == &old[j] {
@@ -439,7 +440,7 @@ func (s *responder) growResources(n int) {
 			}
 		}
 	}
-	s.res, s.resNext = res, len(old)
+	s.res, s.resNext = res, int32(len(old))
 }
 
 // queueRead schedules the responses of a READ from PSN from.
