@@ -1,9 +1,11 @@
 // Command xrcrun is the xrc launcher and device tool.
 //
+//	xrcrun [flags] PROGRAM [ARGS]               run PROGRAM as the ranks of a job
 //	xrcrun hca --name soft0 --addr 127.0.1.1   run a software HCA until stopped
 //	xrcrun devices [-v]                          list RDMA devices, as ibv_devinfo
 //
-// Run "xrcrun <command> -h" for a command's flags.
+// Run "xrcrun -h" for the launcher's flags and "xrcrun <command> -h" for a
+// command's. docs/xrcrun.md describes the launcher.
 package main
 
 import (
@@ -18,20 +20,42 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "xrcrun:", err)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		cancel(signalCause{s})
+		for s := range sigs {
+			// A second signal ends the launcher at once (its agents then
+			// end their ranks). Agents ignore it: the kernel may send their
+			// parent-death signal more than once, as the launcher's threads
+			// exit one by one.
+			if len(os.Args) < 2 || os.Args[1] != "agent" {
+				fmt.Fprintln(os.Stderr, "xrcrun: second signal; exiting now")
+				os.Exit(signalCause{s}.ExitStatus())
+			}
 		}
-		os.Exit(1)
+	}()
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	if err == nil {
+		return
 	}
+	if !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "xrcrun:", err)
+	}
+	var st interface{ ExitStatus() int }
+	if errors.As(err, &st) {
+		os.Exit(st.ExitStatus())
+	}
+	os.Exit(1)
 }
 
-// commands are xrcrun's subcommands.
+// commands are xrcrun's subcommands; anything else is a program to launch.
 var commands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
 	"hca":     runHCA,
 	"devices": runDevices,
+	"agent":   runAgent, // started by the launcher on each node
 }
 
 // run is xrcrun without the process around it: tests call it directly.
@@ -43,19 +67,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		return flag.ErrHelp
 	}
-	cmd, ok := commands[args[0]]
-	if !ok {
-		usage(stderr)
-		return fmt.Errorf("unknown command %q", args[0])
+	if cmd, ok := commands[args[0]]; ok {
+		return cmd(ctx, args[1:], stdout, stderr)
 	}
-	return cmd(ctx, args[1:], stdout, stderr)
+	return runLaunch(ctx, args, stdout, stderr)
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `usage: xrcrun <command> [flags]
+	fmt.Fprint(w, `usage: xrcrun [flags] PROGRAM [ARGS...]   run PROGRAM as the ranks of a job
+       xrcrun <command> [flags]
 
 commands:
   hca       run a software HCA (a device other processes on this machine use)
   devices   list RDMA devices and their attributes, as ibv_devinfo does (-v: more)
+
 `)
+	fs, _ := launchFlags(w)
+	fmt.Fprintln(w, "launcher flags:")
+	fs.PrintDefaults()
 }

@@ -1,0 +1,247 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+)
+
+// envAgentSpec carries the agent's spec when it cannot come on standard
+// input (agents started by srun).
+const envAgentSpec = "XRC_AGENT_SPEC"
+
+// runAgent is the node agent, started by the launcher on each node (`xrcrun
+// agent`, not for people): it reads its spec, connects back to the
+// launcher, brings up the node's device, starts the node's ranks and
+// relays their output and exits, until the launcher says bye or goes away.
+// Either way no rank of the node outlives it.
+func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("xrcrun agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	spec, err := readSpec(os.Stdin)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	level := slog.LevelWarn
+	if spec.Verbose {
+		level = slog.LevelDebug
+	}
+	node := spec.Node
+	if node < 0 {
+		if node, err = slurmNodeIndex(os.Getenv); err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+	}
+	if node >= len(spec.Nodes) {
+		return fmt.Errorf("agent: node %d of a job of %d nodes", node, len(spec.Nodes))
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("job", spec.JobID, "node", node)
+	runtime.GOMAXPROCS(1) // the device engine is one goroutine; see `xrcrun hca --procs`
+	a := &agent{spec: spec, node: node, log: log, ranks: map[int]*rankProc{}}
+	return a.run(ctx)
+}
+
+// readSpec reads the agent's spec from $XRC_AGENT_SPEC or, if unset, as one
+// line of r.
+func readSpec(r io.Reader) (agentSpec, error) {
+	var spec agentSpec
+	line := []byte(os.Getenv(envAgentSpec))
+	os.Unsetenv(envAgentSpec) // not for the ranks
+	if len(line) == 0 {
+		br := bufio.NewReaderSize(r, 64<<10)
+		var err error
+		if line, err = br.ReadBytes('\n'); err != nil && len(line) == 0 {
+			return spec, fmt.Errorf("read spec from standard input: %w", err)
+		}
+	}
+	if err := json.Unmarshal(line, &spec); err != nil {
+		return spec, fmt.Errorf("bad spec: %w", err)
+	}
+	if spec.JobID == "" || spec.Control == "" || len(spec.Key) == 0 {
+		return spec, errors.New("spec lacks the job, the launcher's address or the key")
+	}
+	return spec, nil
+}
+
+// agent is one node's agent.
+type agent struct {
+	spec agentSpec
+	node int
+	log  *slog.Logger
+	conn *ctrlConn
+
+	mu          sync.Mutex
+	ranks       map[int]*rankProc // the running ranks; guarded by mu
+	terminating bool              // the launcher asked to end the ranks; guarded by mu
+	wg          sync.WaitGroup    // rank supervisors
+}
+
+func (a *agent) run(ctx context.Context) error {
+	if err := a.dial(ctx); err != nil {
+		return err
+	}
+	defer a.conn.close()
+	// Everything below ends when the launcher goes away or says bye.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	dev, err := setupDevice(ctx, a.spec, a.node, a.log)
+	if err != nil {
+		a.conn.send(message{T: msgFail, Err: err.Error()})
+		return fmt.Errorf("agent: node %d: %w", a.node, err)
+	}
+	defer dev.close()
+	host, _ := os.Hostname()
+	if err := a.conn.send(message{T: msgReady, Device: dev.name, Addr: dev.addr, Host: host}); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	ranks := a.spec.Nodes[a.node].Ranks
+	for local, r := range ranks {
+		a.startRank(r, local, len(ranks), dev)
+	}
+	// Commands until bye; the connection closing (the launcher died) or a
+	// signal to the agent kills the ranks.
+	cmds := make(chan message)
+	go func() {
+		defer close(cmds)
+		for {
+			m, err := a.conn.recv()
+			if err != nil {
+				return
+			}
+			select {
+			case cmds <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case m, ok := <-cmds:
+			if !ok {
+				a.log.Warn("launcher gone; killing the ranks")
+				a.killAll(false)
+				return a.finish()
+			}
+			switch m.T {
+			case msgTerm:
+				a.terminate()
+			case msgKill:
+				a.killAll(true)
+			case msgBye:
+				return a.finish()
+			default:
+				a.log.Warn("unknown command", "type", m.T)
+			}
+		case <-ctx.Done():
+			a.log.Warn("agent stopped; ending the ranks")
+			go a.endRanks(false)
+			return a.finish()
+		}
+	}
+}
+
+// dial connects to the launcher and proves the agent holds the job's key.
+func (a *agent) dial(ctx context.Context) error {
+	d := net.Dialer{Timeout: 30 * time.Second, KeepAlive: 15 * time.Second}
+	c, err := d.DialContext(ctx, "tcp", a.spec.Control)
+	if err != nil {
+		return fmt.Errorf("agent: connect to the launcher: %w", err)
+	}
+	a.conn = newCtrlConn(c)
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	m, err := a.conn.recv()
+	c.SetReadDeadline(time.Time{})
+	if err != nil || m.T != msgChallenge {
+		c.Close()
+		return fmt.Errorf("agent: no challenge from the launcher: %v", err)
+	}
+	mac := helloMAC(a.spec.Key, a.spec.JobID, a.node, m.Nonce)
+	if err := a.conn.send(message{T: msgHello, Node: a.node, MAC: mac}); err != nil {
+		c.Close()
+		return fmt.Errorf("agent: hello: %w", err)
+	}
+	return nil
+}
+
+// finish waits for the ranks' supervisors (which have reported every
+// exit), bounded in case a rank cannot be reaped.
+func (a *agent) finish() error {
+	done := make(chan struct{})
+	go func() { a.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(a.spec.Grace + 10*time.Second):
+		a.log.Error("ranks not reaped; leaving")
+	}
+	return nil
+}
+
+// terminate ends the ranks as the launcher asked: SIGTERM, then SIGKILL
+// after the grace period.
+func (a *agent) terminate() {
+	a.mu.Lock()
+	a.terminating = true
+	a.mu.Unlock()
+	go a.endRanks(true)
+}
+
+// killAll SIGKILLs every rank now; asked says the launcher asked for it.
+func (a *agent) killAll(asked bool) {
+	a.mu.Lock()
+	a.terminating = true
+	for _, p := range a.ranks {
+		p.signal(killSignal, asked)
+	}
+	a.mu.Unlock()
+}
+
+// endRanks sends SIGTERM to every rank, and SIGKILL to those still running
+// after the grace period; asked says the launcher asked for it.
+func (a *agent) endRanks(asked bool) {
+	a.mu.Lock()
+	for _, p := range a.ranks {
+		p.signal(termSignal, asked)
+	}
+	a.mu.Unlock()
+	t := time.NewTimer(a.spec.Grace)
+	defer t.Stop()
+	done := make(chan struct{})
+	go func() { a.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-t.C:
+		a.killAll(asked)
+	}
+}
+
+// envList removes the variables named in drop from env.
+func envList(env []string, drop ...string) []string {
+	var out []string
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		keep := true
+		for _, d := range drop {
+			keep = keep && name != d
+		}
+		if keep {
+			out = append(out, kv)
+		}
+	}
+	return out
+}

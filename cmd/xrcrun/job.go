@@ -1,0 +1,298 @@
+package main
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/xrcrun/xrc/bootstrap"
+)
+
+// job is one run of the launcher: the job's agents, ranks and their fate.
+// Its state belongs to the goroutine in loop; other goroutines talk to it
+// through events.
+type job struct {
+	cfg     *launchConfig
+	mode    launchMode
+	id      string
+	key     []byte
+	place   placement
+	program string
+	log     *slog.Logger
+	stdout  io.Writer
+	stderr  io.Writer
+
+	events chan event
+	quit   chan struct{} // closed when the loop is over
+	rdv    *bootstrap.Server
+	served chan error  // what rdv.Serve returned
+	conns  []*ctrlConn // by node, once connected
+	procs  []*launched
+	out    *output
+	status *statusLine
+
+	ready, started, done int
+	rankDone             []bool
+	failures             []rankFailure
+	cause                error // why the job ends early: a signalCause or a timeout; nil for a rank failure
+	ending, byeSent      bool
+	killC, hardC         <-chan time.Time
+	drainC               <-chan time.Time
+}
+
+// launched is a process the launcher started to run agents: an agent, the
+// ssh that runs one, or srun.
+type launched struct {
+	what   string
+	nodes  []int
+	pid    int
+	exited bool
+}
+
+type eventKind int
+
+const (
+	evConnected eventKind = iota // an agent proved itself: node, conn
+	evMessage                    // node sent msg
+	evGone                       // node's connection ended: err
+	evExited                     // proc exited: err
+	evUnseen                     // proc exited a while ago: err; its nodes that never connected are lost
+)
+
+type event struct {
+	kind eventKind
+	node int
+	conn *ctrlConn
+	msg  message
+	err  error
+	proc *launched
+}
+
+// errTimeout ends a job that ran past --timeout.
+type errTimeout time.Duration
+
+func (e errTimeout) Error() string   { return fmt.Sprintf("job timed out after %v", time.Duration(e)) }
+func (e errTimeout) ExitStatus() int { return 124 }
+
+func (j *job) run(ctx context.Context) error {
+	host, err := j.controlHost(ctx)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return fmt.Errorf("launcher: control socket: %w", err)
+	}
+	defer ln.Close()
+	rctx, stopRdv := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRdv()
+	var rlog *slog.Logger // the failure report says what the server would log about an abort
+	if j.cfg.verbose {
+		rlog = j.log.With("part", "bootstrap")
+	}
+	j.rdv, err = listenRendezvous(rctx, net.JoinHostPort(host, "0"), len(j.place.Node), j.key, rlog)
+	if err != nil {
+		return fmt.Errorf("launcher: bootstrap server: %w", err)
+	}
+	defer j.rdv.Close()
+	j.served = make(chan error, 1)
+	go func() { j.served <- j.rdv.Serve(rctx) }()
+
+	spec, cleanup, err := j.spec(ln.Addr().String())
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	j.events = make(chan event, 256)
+	j.quit = make(chan struct{})
+	defer close(j.quit)
+	j.conns = make([]*ctrlConn, len(j.place.Nodes))
+	j.rankDone = make([]bool, len(j.place.Node))
+	j.status = newStatusLine(j.stderr)
+	j.out = newOutput(j.stdout, j.stderr, j.cfg.tag, j.status.clear)
+	go j.accept(ln)
+	defer func() {
+		for _, c := range j.conns {
+			if c != nil {
+				c.close()
+			}
+		}
+	}()
+	j.log.Debug("job", "ranks", len(j.place.Node), "nodes", len(j.place.Nodes), "control", ln.Addr(), "bootstrap", j.rdv.Addr())
+	if err := j.startAgents(ctx, spec); err != nil {
+		j.killProcs()
+		return err
+	}
+	j.loop(ctx)
+	j.status.stop()
+	j.blameCulprit()
+	if err := failureReport(j.failures); err != nil {
+		return err
+	}
+	if j.cause != nil {
+		return j.cause
+	}
+	return nil
+}
+
+// controlHost is the address agents and ranks reach the launcher at.
+func (j *job) controlHost(ctx context.Context) (string, error) {
+	if j.cfg.addr != "" {
+		return j.cfg.addr, nil
+	}
+	if j.mode == modeLocal {
+		return "127.0.0.1", nil
+	}
+	// The source address of the route to the first host.
+	h := j.place.Nodes[0].Host
+	if _, after, ok := strings.Cut(h, "@"); ok {
+		h = after
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "udp4", net.JoinHostPort(h, "4791"))
+	if err != nil {
+		return "", fmt.Errorf("launcher: no route to %s to listen on (give --addr): %w", h, err)
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
+}
+
+// spec is what every agent is told; cleanup removes the runtime directory
+// of a job on this machine.
+func (j *job) spec(control string) (agentSpec, func(), error) {
+	cwd, _ := os.Getwd()
+	s := agentSpec{
+		JobID: j.id, Key: j.key, Control: control, Bootstrap: j.rdv.Addr(), Size: len(j.place.Node),
+		Program: j.program, Args: j.cfg.args, Dir: cwd, Env: j.cfg.env.resolve(os.LookupEnv),
+		Transport: j.cfg.transport, Connect: j.cfg.connect, Grace: j.cfg.grace, Verbose: j.cfg.verbose,
+	}
+	for k, nd := range j.place.Nodes {
+		s.Nodes = append(s.Nodes, nodeAt{Host: nd.Host, Ranks: j.place.Ranks[k]})
+	}
+	cleanup := func() {}
+	if j.mode == modeLocal {
+		dir, err := os.MkdirTemp("", "xrcrun-"+j.id+"-")
+		if err != nil {
+			return s, nil, fmt.Errorf("launcher: runtime directory: %w", err)
+		}
+		cleanup = func() { os.RemoveAll(dir) }
+		s.RuntimeDir = dir
+		s.Emulated = j.cfg.nodes > 0
+		s.AddrFallback = j.cfg.baseAddr == ""
+		for k := range s.Nodes {
+			s.Nodes[k].Addr = emulatedAddr(j.cfg.baseAddr, k).String()
+		}
+	}
+	return s, cleanup, nil
+}
+
+// emulatedAddr is the address of emulated node k: base plus k, or
+// 127.0.1.1 plus k.
+func emulatedAddr(base string, k int) netip.Addr {
+	a := netip.AddrFrom4([4]byte{127, 0, 1, 1})
+	if base != "" {
+		a = netip.MustParseAddr(base)
+	}
+	for range k {
+		a = a.Next()
+	}
+	return a
+}
+
+// accept takes agents' connections and checks who they are.
+func (j *job) accept(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			cc := newCtrlConn(c)
+			nonce := make([]byte, 32)
+			rand.Read(nonce)
+			c.SetDeadline(time.Now().Add(30 * time.Second))
+			if err := cc.send(message{T: msgChallenge, Nonce: nonce}); err != nil {
+				c.Close()
+				return
+			}
+			m, err := cc.recv()
+			if err != nil || m.T != msgHello || m.Node < 0 || m.Node >= len(j.place.Nodes) ||
+				!hmac.Equal(m.MAC, helloMAC(j.key, j.id, m.Node, nonce)) {
+				j.log.Warn("refused a control connection", "from", c.RemoteAddr(), "err", err)
+				c.Close()
+				return
+			}
+			c.SetDeadline(time.Time{})
+			if !j.post(event{kind: evConnected, node: m.Node, conn: cc}) {
+				c.Close()
+			}
+		}()
+	}
+}
+
+// post hands ev to the loop, unless the loop is over.
+func (j *job) post(ev event) bool {
+	select {
+	case j.events <- ev:
+		return true
+	case <-j.quit:
+		return false
+	}
+}
+
+// read relays node's messages to the loop.
+func (j *job) read(node int, c *ctrlConn) {
+	for {
+		m, err := c.recv()
+		if err != nil {
+			j.post(event{kind: evGone, node: node, err: err})
+			return
+		}
+		if !j.post(event{kind: evMessage, node: node, msg: m}) {
+			return
+		}
+	}
+}
+
+// hostOf names node k's host for reports.
+func (j *job) hostOf(k int) string {
+	return j.place.Nodes[k].Host
+}
+
+// blameCulprit puts first the failed rank that the bootstrap server saw
+// abort the job or get lost, when several failed: the others may have
+// failed because of it (a rank in a collective fails when the job is
+// aborted), and their exits may have been seen first. The server's word
+// comes once every rank has gone.
+func (j *job) blameCulprit() {
+	if len(j.failures) < 2 {
+		return
+	}
+	var served error
+	select {
+	case served = <-j.served:
+	case <-time.After(time.Second):
+		return
+	}
+	r, ok := culprit(served)
+	if !ok {
+		return
+	}
+	first := j.failures[0].Time
+	for _, f := range j.failures {
+		first = min(first, f.Time)
+	}
+	for i := range j.failures {
+		if j.failures[i].Rank == r {
+			j.failures[i].Time = first - 1
+		}
+	}
+}

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"syscall"
+	"time"
+)
+
+// loop runs the job until every rank has ended and every process the
+// launcher started has exited. A rank that fails, a signal (ctx) or the
+// timeout ends the job early: SIGTERM to the ranks, SIGKILL after the
+// grace period.
+func (j *job) loop(ctx context.Context) {
+	var timeout <-chan time.Time
+	if j.cfg.timeout > 0 {
+		t := time.NewTimer(j.cfg.timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	tick := time.NewTicker(150 * time.Millisecond)
+	defer tick.Stop()
+	ctxDone := ctx.Done()
+	for !j.finished() {
+		select {
+		case ev := <-j.events:
+			j.handle(ev)
+		case <-ctxDone:
+			ctxDone = nil
+			j.end(context.Cause(ctx))
+		case <-timeout:
+			j.end(errTimeout(j.cfg.timeout))
+		case <-j.killC:
+			// The grace period is over: SIGKILL what is left.
+			j.killC = nil
+			j.log.Debug("grace period over; killing the ranks")
+			j.rdv.Abort("the job is ending")
+			j.broadcast(message{T: msgKill})
+			j.hardC = time.After(5 * time.Second)
+		case <-j.hardC:
+			// Agents that do not answer are killed with their ranks.
+			j.hardC = nil
+			j.log.Warn("node agents do not answer; killing them")
+			j.killProcs()
+			for r, d := range j.rankDone {
+				if !d {
+					j.log.Warn("rank not confirmed ended", "rank", r)
+					j.rankEnded(r)
+				}
+			}
+		case <-j.drainC:
+			j.drainC = nil
+			j.log.Warn("node agents have not exited; killing them")
+			j.killProcs()
+		case <-tick.C:
+			j.status.update(j.id, j.ready, len(j.place.Nodes), j.started, j.rdv.Joined(), len(j.place.Node))
+		}
+	}
+}
+
+// finished says the job is over. Once every rank has ended, the agents are
+// told to stop, and the launcher waits for its processes to exit.
+func (j *job) finished() bool {
+	if j.done < len(j.place.Node) {
+		return false
+	}
+	if !j.byeSent {
+		j.byeSent = true
+		j.status.stop()
+		j.broadcast(message{T: msgBye})
+		j.killC, j.hardC = nil, nil
+		j.drainC = time.After(15 * time.Second)
+	}
+	for _, p := range j.procs {
+		if !p.exited {
+			return false
+		}
+	}
+	return true
+}
+
+func (j *job) handle(ev event) {
+	switch ev.kind {
+	case evConnected:
+		if j.conns[ev.node] != nil {
+			j.log.Warn("a second agent for a node; refused", "node", ev.node)
+			ev.conn.close()
+			return
+		}
+		j.conns[ev.node] = ev.conn
+		go j.read(ev.node, ev.conn)
+		j.log.Debug("agent connected", "node", ev.node)
+		switch {
+		case j.byeSent:
+			ev.conn.send(message{T: msgBye})
+		case j.ending:
+			ev.conn.send(message{T: msgTerm})
+		}
+	case evMessage:
+		j.message(ev.node, ev.msg)
+	case evGone:
+		j.nodeLost(ev.node, "its node agent went away")
+	case evExited:
+		ev.proc.exited = true
+		j.log.Debug("process exited", "what", ev.proc.what, "err", ev.err)
+		// An agent that connected and exited at once (it failed) may be
+		// seen exiting before its connection is: wait for it a moment.
+		ev.kind = evUnseen
+		time.AfterFunc(2*time.Second, func() { j.post(ev) })
+	case evUnseen:
+		for _, k := range ev.proc.nodes {
+			if j.conns[k] == nil && !j.byeSent {
+				detail := "its node agent exited before it connected"
+				if ev.err != nil {
+					detail += " (" + ev.proc.what + ": " + ev.err.Error() + ")"
+				}
+				j.nodeLost(k, detail)
+			}
+		}
+	}
+}
+
+func (j *job) message(node int, m message) {
+	switch m.T {
+	case msgReady:
+		j.ready++
+		j.log.Debug("node ready", "node", node, "host", m.Host, "device", m.Device, "addr", m.Addr)
+	case msgStarted:
+		j.started++
+	case msgOut:
+		if j.validRank(node, m.Rank) {
+			j.out.write(m.Rank, m.Stream, m.Data)
+		}
+	case msgExit:
+		if !j.validRank(node, m.Rank) || j.rankDone[m.Rank] {
+			return
+		}
+		j.out.flush(m.Rank)
+		if (m.Code != 0 || m.Signal != 0) && !m.Terminated {
+			j.failures = append(j.failures, rankFailure{Rank: m.Rank, Node: node, Host: j.hostOf(node),
+				Code: m.Code, Signal: m.Signal, Detail: m.Err, Time: m.Time})
+			j.end(nil)
+		}
+		j.rankEnded(m.Rank)
+	case msgFail:
+		j.nodeLost(node, "its node agent failed: "+m.Err)
+	}
+}
+
+// validRank says rank runs on node.
+func (j *job) validRank(node, rank int) bool {
+	return rank >= 0 && rank < len(j.place.Node) && j.place.Node[rank] == node
+}
+
+func (j *job) rankEnded(r int) {
+	if !j.rankDone[r] {
+		j.rankDone[r] = true
+		j.done++
+	}
+}
+
+// nodeLost fails the ranks of node that have not ended.
+func (j *job) nodeLost(node int, why string) {
+	lost := false
+	for _, r := range j.place.Ranks[node] {
+		if j.rankDone[r] {
+			continue
+		}
+		lost = true
+		if !j.ending { // else the job is ending anyway
+			j.failures = append(j.failures, rankFailure{Rank: r, Node: node, Host: j.hostOf(node), Lost: true,
+				Detail: why, Time: time.Now().UnixNano()})
+		}
+		j.rankEnded(r)
+	}
+	if lost {
+		j.end(nil)
+	}
+}
+
+// end starts ending the job early, once: the ranks get SIGTERM now and
+// SIGKILL after the grace period. cause is a signal or the timeout; nil
+// for a failed rank.
+func (j *job) end(cause error) {
+	if j.ending {
+		return
+	}
+	j.ending, j.cause = true, cause
+	j.status.stop()
+	j.log.Debug("ending the job", "cause", cause)
+	j.broadcast(message{T: msgTerm})
+	j.killC = time.After(j.cfg.grace + 2*time.Second)
+}
+
+// broadcast sends m to every connected agent.
+func (j *job) broadcast(m message) {
+	for k, c := range j.conns {
+		if c != nil {
+			if err := c.send(m); err != nil {
+				j.log.Debug("send to agent", "node", k, "err", err)
+			}
+		}
+	}
+}
+
+// killProcs SIGKILLs the process groups of the processes the launcher
+// started; an agent's ranks die with it (their parent-death signal).
+func (j *job) killProcs() {
+	for _, p := range j.procs {
+		if !p.exited && p.pid > 0 {
+			syscall.Kill(-p.pid, syscall.SIGKILL)
+		}
+	}
+}

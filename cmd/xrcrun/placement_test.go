@@ -1,0 +1,63 @@
+package main
+
+import (
+	"reflect"
+	"testing"
+)
+
+func TestPlace(t *testing.T) {
+	emu := func(k int) []node { return make([]node, k) }
+	for _, c := range []struct {
+		name   string
+		n      int
+		nodes  []node
+		ppn    int
+		byNode bool
+		want   []int // node of each rank
+		hosts  int   // nodes kept
+	}{
+		{"even blocks", 8, emu(2), 0, false, []int{0, 0, 0, 0, 1, 1, 1, 1}, 2},
+		{"uneven blocks", 5, emu(2), 0, false, []int{0, 0, 0, 1, 1}, 2},
+		{"round robin", 5, emu(2), 0, true, []int{0, 1, 0, 1, 0}, 2},
+		{"ppn", 5, emu(4), 2, false, []int{0, 0, 1, 1, 2}, 3},
+		{"one node", 3, emu(1), 0, false, []int{0, 0, 0}, 1},
+		{"empty nodes dropped", 2, emu(4), 0, false, []int{0, 1}, 2},
+		{"slots", 5, []node{{Host: "a", Slots: 1}, {Host: "b", Slots: 4}}, 0, false, []int{0, 1, 1, 1, 1}, 2},
+		{"slots round robin", 5, []node{{Host: "a", Slots: 1}, {Host: "b", Slots: 4}}, 0, true, []int{0, 1, 1, 1, 1}, 2},
+		{"ppn beats slots", 4, []node{{Host: "a", Slots: 1}, {Host: "b", Slots: 1}}, 2, false, []int{0, 0, 1, 1}, 2},
+	} {
+		p, err := place(c.n, c.nodes, c.ppn, c.byNode)
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		if !reflect.DeepEqual(p.Node, c.want) || len(p.Nodes) != c.hosts {
+			t.Errorf("%s: nodes %v (%d kept), want %v (%d)", c.name, p.Node, len(p.Nodes), c.want, c.hosts)
+		}
+		for k, ranks := range p.Ranks {
+			for i, r := range ranks {
+				if p.Node[r] != k || p.localRank(r) != i {
+					t.Errorf("%s: rank %d listed on node %d as local %d", c.name, r, k, i)
+				}
+			}
+		}
+	}
+	for _, c := range []struct {
+		n     int
+		nodes []node
+		ppn   int
+	}{
+		{0, emu(1), 0}, {1, nil, 0}, {5, emu(2), 2}, {3, []node{{Slots: 1}, {Slots: 1}}, 0},
+	} {
+		if _, err := place(c.n, c.nodes, c.ppn, false); err == nil {
+			t.Errorf("place(%d, %v, ppn %d) succeeded", c.n, c.nodes, c.ppn)
+		}
+	}
+}
+
+func TestPlaceMixedSlots(t *testing.T) {
+	p, err := place(5, []node{{Host: "a", Slots: 1}, {Host: "b"}}, 0, false)
+	if err != nil || !reflect.DeepEqual(p.Node, []int{0, 1, 1, 1, 1}) {
+		t.Errorf("got %v, %v", p.Node, err)
+	}
+}

@@ -1,0 +1,182 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/xrcrun/xrc/bootstrap"
+	"github.com/xrcrun/xrc/softhca"
+)
+
+const (
+	termSignal = syscall.SIGTERM
+	killSignal = syscall.SIGKILL
+	outChunk   = 32 << 10 // output is relayed in pieces of at most this many bytes
+)
+
+// rankProc is a rank the agent started: the leader of a process group of
+// its own, killed by the kernel if the agent dies (Pdeathsig).
+type rankProc struct {
+	rank     int
+	cmd      *exec.Cmd
+	signaled atomic.Bool // the launcher had the agent signal it
+	exited   atomic.Bool
+}
+
+// signal sends sig to the rank's process group; asked says the launcher
+// asked for it, so that the exit it causes is not a failure of the rank.
+func (p *rankProc) signal(sig syscall.Signal, asked bool) {
+	if p.exited.Load() {
+		return
+	}
+	if asked && !zombie(p.cmd.Process.Pid) {
+		p.signaled.Store(true)
+	}
+	syscall.Kill(-p.cmd.Process.Pid, sig)
+}
+
+// zombie says the process has exited and waits to be reaped: a signal
+// sent now did not end it. The agent may not have reaped a rank yet when
+// the launcher ends the job because of that very rank (or one that failed
+// because of it), and that rank's exit must still count as a failure.
+func zombie(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')') // the command name may hold anything
+	return i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
+}
+
+// startRank starts rank r (local rank local of size on this node) and a
+// supervisor that relays its output and reports its exit.
+func (a *agent) startRank(r, local, size int, dev *nodeDevice) {
+	s := a.spec
+	env := bootstrap.Env{
+		Rank: r, Size: s.Size, LocalRank: local, LocalSize: size, Node: a.node, Nodes: len(s.Nodes),
+		Addr: s.Bootstrap, Key: s.Key, JobID: s.JobID, Transport: s.Transport, Connect: s.Connect, Device: dev.name,
+	}
+	cmd := exec.Command(s.Program, s.Args...)
+	cmd.Env = append(append(append(envList(os.Environ(), envAgentSpec), s.Env...), env.Environ()...),
+		softhca.RuntimeDirEnv+"="+dev.dir)
+	if st, err := os.Stat(s.Dir); err == nil && st.IsDir() {
+		cmd.Dir = s.Dir
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	var pipes [2]*os.File // read ends: stdout, stderr
+	var writers []*os.File
+	for i := range pipes {
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			a.reportStartFailure(r, err)
+			return
+		}
+		pipes[i] = pr
+		writers = append(writers, pw)
+	}
+	cmd.Stdout, cmd.Stderr = writers[0], writers[1]
+	p := &rankProc{rank: r, cmd: cmd}
+	a.mu.Lock()
+	if a.terminating {
+		a.mu.Unlock()
+		closeAll(append(writers, pipes[:]...))
+		a.conn.send(message{T: msgExit, Rank: r, Code: -1, Signal: int(termSignal), Time: time.Now().UnixNano(), Terminated: true})
+		return
+	}
+	err := cmd.Start()
+	closeAll(writers)
+	if err != nil {
+		a.mu.Unlock()
+		closeAll(pipes[:])
+		a.reportStartFailure(r, err)
+		return
+	}
+	a.ranks[r] = p
+	a.wg.Add(1)
+	a.mu.Unlock()
+	a.conn.send(message{T: msgStarted, Rank: r, PID: cmd.Process.Pid})
+	a.log.Debug("rank started", "rank", r, "pid", cmd.Process.Pid)
+
+	var relay sync.WaitGroup
+	for i, pr := range pipes {
+		relay.Add(1)
+		go func() {
+			defer relay.Done()
+			defer pr.Close()
+			a.relay(r, i+1, pr)
+		}()
+	}
+	go func() {
+		defer a.wg.Done()
+		werr := cmd.Wait()
+		at := time.Now().UnixNano()
+		p.exited.Store(true)
+		// Whatever the rank left in its process group goes with it.
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		relayed := make(chan struct{})
+		go func() { relay.Wait(); close(relayed) }()
+		select {
+		case <-relayed:
+		case <-time.After(5 * time.Second): // a descendant outside the group holds the pipes
+			closeAll(pipes[:])
+		}
+		m := message{T: msgExit, Rank: r, Time: at, Terminated: p.signaled.Load()}
+		var ee *exec.ExitError
+		switch {
+		case werr == nil:
+		case errors.As(werr, &ee):
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				m.Code, m.Signal = -1, int(ws.Signal())
+			} else {
+				m.Code = ee.ExitCode()
+			}
+		default:
+			m.Code, m.Err = 1, werr.Error()
+		}
+		a.mu.Lock()
+		delete(a.ranks, r)
+		a.mu.Unlock()
+		a.log.Debug("rank exited", "rank", r, "code", m.Code, "signal", m.Signal)
+		if err := a.conn.send(m); err != nil {
+			a.log.Warn("report exit", "rank", r, "err", err)
+		}
+	}()
+}
+
+// relay sends what a rank writes to stream (1 stdout, 2 stderr) to the
+// launcher.
+func (a *agent) relay(r, stream int, pr io.Reader) {
+	buf := make([]byte, outChunk)
+	for {
+		n, err := pr.Read(buf)
+		if n > 0 {
+			if err := a.conn.send(message{T: msgOut, Rank: r, Stream: stream, Data: buf[:n]}); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// reportStartFailure reports a rank that could not start as one that
+// exited with status 127, as a shell reports a command it cannot run.
+func (a *agent) reportStartFailure(r int, err error) {
+	a.log.Error("start rank", "rank", r, "err", err)
+	a.conn.send(message{T: msgExit, Rank: r, Code: 127, Err: "start: " + err.Error(), Time: time.Now().UnixNano()})
+}
+
+func closeAll(fs []*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
+}

@@ -1,0 +1,25 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/xrcrun/xrc/bootstrap"
+)
+
+// listenRendezvous starts the job's bootstrap server on addr (host:port)
+// for size ranks holding key.
+func listenRendezvous(ctx context.Context, addr string, size int, key []byte, log *slog.Logger) (*bootstrap.Server, error) {
+	return bootstrap.Listen(ctx, addr, bootstrap.ServerConfig{Size: size, Key: key, Logger: log})
+}
+
+// culprit returns the rank that aborted the job or was lost first, from
+// what the bootstrap server's Serve returned.
+func culprit(served error) (int, bool) {
+	var ae *bootstrap.AbortError
+	if errors.As(served, &ae) && ae.Rank >= 0 {
+		return ae.Rank, true
+	}
+	return 0, false
+}

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// slurmAlloc is the Slurm allocation xrcrun runs inside, from the variables
+// sbatch and salloc set.
+type slurmAlloc struct {
+	JobID string
+	Nodes []node // the allocation's nodes, slots from SLURM_TASKS_PER_NODE
+	Tasks int    // SLURM_NTASKS; 0 if not set
+}
+
+// slurmFromEnv returns the allocation that getenv describes, or false
+// outside one (no SLURM_JOB_ID or no node list).
+func slurmFromEnv(getenv func(string) string) (slurmAlloc, bool, error) {
+	a := slurmAlloc{JobID: getenv("SLURM_JOB_ID")}
+	list := getenv("SLURM_JOB_NODELIST")
+	if list == "" {
+		list = getenv("SLURM_NODELIST")
+	}
+	if a.JobID == "" || list == "" {
+		return slurmAlloc{}, false, nil
+	}
+	hosts, err := expandHostlist(list)
+	if err != nil {
+		return slurmAlloc{}, true, fmt.Errorf("slurm: SLURM_NODELIST: %w", err)
+	}
+	for _, h := range hosts {
+		a.Nodes = append(a.Nodes, node{Host: h})
+	}
+	if v := getenv("SLURM_NTASKS"); v != "" {
+		if a.Tasks, err = strconv.Atoi(v); err != nil || a.Tasks < 1 {
+			return slurmAlloc{}, true, fmt.Errorf("slurm: SLURM_NTASKS=%q is not a number of tasks", v)
+		}
+	}
+	if v := getenv("SLURM_TASKS_PER_NODE"); v != "" {
+		per, err := expandTasksPerNode(v)
+		if err != nil {
+			return slurmAlloc{}, true, fmt.Errorf("slurm: SLURM_TASKS_PER_NODE: %w", err)
+		}
+		if len(per) != len(hosts) {
+			return slurmAlloc{}, true, fmt.Errorf("slurm: SLURM_TASKS_PER_NODE=%q names %d nodes, SLURM_NODELIST %d", v, len(per), len(hosts))
+		}
+		for i := range a.Nodes {
+			a.Nodes[i].Slots = per[i]
+		}
+	}
+	return a, true, nil
+}
+
+// expandHostlist expands a Slurm host list: "node[01-03,7],gpu1" is node01,
+// node02, node03, node7, gpu1. Brackets may appear in several parts of a
+// name ("r[1-2]n[1-2]" is r1n1, r1n2, r2n1, r2n2); ranges keep the width of
+// their zero-padded bounds.
+func expandHostlist(list string) ([]string, error) {
+	var out []string
+	for _, item := range splitTop(list) {
+		if item == "" {
+			continue
+		}
+		names, err := expandHost(item)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, names...)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("empty host list %q", list)
+	}
+	return out, nil
+}
+
+// splitTop splits s at the commas outside brackets.
+func splitTop(s string) []string {
+	var parts []string
+	depth, start := 0, 0
+	for i, c := range s {
+		switch c {
+		case '[':
+			depth++
+		case ']':
+			depth--
+		case ',':
+			if depth == 0 {
+				parts = append(parts, s[start:i])
+				start = i + 1
+			}
+		}
+	}
+	return append(parts, s[start:])
+}
+
+func expandHost(item string) ([]string, error) {
+	open := strings.IndexByte(item, '[')
+	if open < 0 {
+		if strings.ContainsRune(item, ']') {
+			return nil, fmt.Errorf("unbalanced ] in %q", item)
+		}
+		return []string{item}, nil
+	}
+	end := strings.IndexByte(item[open:], ']')
+	if end < 0 {
+		return nil, fmt.Errorf("unbalanced [ in %q", item)
+	}
+	end += open
+	prefix, body, rest := item[:open], item[open+1:end], item[end+1:]
+	tails, err := expandHost(rest)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range strings.Split(body, ",") {
+		lo, hi, ranged := strings.Cut(r, "-")
+		if !ranged {
+			hi = lo
+		}
+		a, err1 := strconv.Atoi(lo)
+		b, err2 := strconv.Atoi(hi)
+		if err1 != nil || err2 != nil || a > b || lo == "" {
+			return nil, fmt.Errorf("bad range %q in %q", r, item)
+		}
+		if b-a > 1<<16 {
+			return nil, fmt.Errorf("range %q in %q is too large", r, item)
+		}
+		width := 0
+		if len(lo) > 1 && lo[0] == '0' {
+			width = len(lo)
+		}
+		for v := a; v <= b; v++ {
+			for _, t := range tails {
+				out = append(out, fmt.Sprintf("%s%0*d%s", prefix, width, v, t))
+			}
+		}
+	}
+	return out, nil
+}
+
+// expandTasksPerNode expands SLURM_TASKS_PER_NODE: "2(x3),1" is 2, 2, 2, 1.
+func expandTasksPerNode(s string) ([]int, error) {
+	var out []int
+	for _, part := range strings.Split(s, ",") {
+		count, times := part, "1"
+		if i := strings.Index(part, "(x"); i >= 0 && strings.HasSuffix(part, ")") {
+			count, times = part[:i], part[i+2:len(part)-1]
+		}
+		c, err1 := strconv.Atoi(count)
+		t, err2 := strconv.Atoi(times)
+		if err1 != nil || err2 != nil || c < 0 || t < 1 || t > 1<<16 {
+			return nil, fmt.Errorf("bad element %q in %q", part, s)
+		}
+		for range t {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// srunCommand is the command that starts one agent on each of hosts: srun
+// (or $XRC_SRUN, split at spaces) with one task per node, killing the step
+// when one of them fails.
+func srunCommand(hosts []string, agent []string) []string {
+	srun := strings.Fields(os.Getenv(envSrun))
+	if len(srun) == 0 {
+		srun = []string{"srun"}
+	}
+	k := strconv.Itoa(len(hosts))
+	return append(append(srun, "--nodes="+k, "--ntasks="+k, "--ntasks-per-node=1",
+		"--nodelist="+strings.Join(hosts, ","), "--kill-on-bad-exit=1", "--cpu-bind=none"), agent...)
+}
+
+// slurmNodeIndex is the node an agent started by srun runs: its task
+// number, one task per node.
+func slurmNodeIndex(getenv func(string) string) (int, error) {
+	for _, v := range []string{"SLURM_PROCID", "SLURM_NODEID"} {
+		if s := getenv(v); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 0 {
+				return 0, fmt.Errorf("slurm: %s=%q", v, s)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("slurm: agent started without SLURM_PROCID or SLURM_NODEID")
+}

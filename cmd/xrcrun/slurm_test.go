@@ -1,0 +1,61 @@
+package main
+
+import (
+	"reflect"
+	"testing"
+)
+
+func TestExpandHostlist(t *testing.T) {
+	for in, want := range map[string][]string{
+		"node01":               {"node01"},
+		"node[01-03,7]":        {"node01", "node02", "node03", "node7"},
+		"a,b[1-2],c":           {"a", "b1", "b2", "c"},
+		"r[1-2]n[08-09]":       {"r1n08", "r1n09", "r2n08", "r2n09"},
+		"127.0.1.[1-3]":        {"127.0.1.1", "127.0.1.2", "127.0.1.3"},
+		"gpu[9-11]":            {"gpu9", "gpu10", "gpu11"},
+		"x[098-100]":           {"x098", "x099", "x100"},
+		"n[1],m[2-2]":          {"n1", "m2"},
+		"node[01-02],login[0]": {"node01", "node02", "login0"},
+	} {
+		got, err := expandHostlist(in)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("expandHostlist(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "node[1-", "node]", "node[3-1]", "node[a-b]", "node[-1]", "n[0-99999999]"} {
+		if got, err := expandHostlist(bad); err == nil {
+			t.Errorf("expandHostlist(%q) = %q, want an error", bad, got)
+		}
+	}
+}
+
+func TestExpandTasksPerNode(t *testing.T) {
+	got, err := expandTasksPerNode("2(x3),1")
+	if err != nil || !reflect.DeepEqual(got, []int{2, 2, 2, 1}) {
+		t.Errorf("got %v, %v", got, err)
+	}
+	for _, bad := range []string{"", "x", "2(x)", "2(x0)", "-1"} {
+		if _, err := expandTasksPerNode(bad); err == nil {
+			t.Errorf("expandTasksPerNode(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestSlurmFromEnv(t *testing.T) {
+	env := map[string]string{"SLURM_JOB_ID": "77", "SLURM_NODELIST": "n[1-3]", "SLURM_NTASKS": "5", "SLURM_TASKS_PER_NODE": "2(x2),1"}
+	a, ok, err := slurmFromEnv(func(k string) string { return env[k] })
+	if !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	want := []node{{"n1", 2}, {"n2", 2}, {"n3", 1}}
+	if a.JobID != "77" || a.Tasks != 5 || !reflect.DeepEqual(a.Nodes, want) {
+		t.Errorf("got %+v", a)
+	}
+	if _, ok, _ := slurmFromEnv(func(string) string { return "" }); ok {
+		t.Error("found an allocation in an empty environment")
+	}
+	env["SLURM_TASKS_PER_NODE"] = "2(x2)"
+	if _, _, err := slurmFromEnv(func(k string) string { return env[k] }); err == nil {
+		t.Error("a task count per node that does not match the node list was accepted")
+	}
+}

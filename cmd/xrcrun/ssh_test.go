@@ -1,0 +1,47 @@
+package main
+
+import (
+	"os/exec"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestParseHostfile(t *testing.T) {
+	got, err := parseHostfile(strings.NewReader("# cluster\nnode1 slots=4\n\nnode2   # no slots\nnode1 slots=2 max_slots=8\n"))
+	want := []node{{"node1", 6}, {"node2", 0}}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v, %v; want %v", got, err, want)
+	}
+	for _, bad := range []string{"", "# nothing\n", "a slots=x\n", "a slots=0\n", "a color=red\n"} {
+		if _, err := parseHostfile(strings.NewReader(bad)); err == nil {
+			t.Errorf("hostfile %q accepted", bad)
+		}
+	}
+}
+
+func TestParseHosts(t *testing.T) {
+	got, err := parseHosts("a,b:3,127.0.0.2")
+	want := []node{{"a", 0}, {"b", 3}, {"127.0.0.2", 0}}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v, %v; want %v", got, err, want)
+	}
+	for _, bad := range []string{"", ",", "a:x", "a:0"} {
+		if _, err := parseHosts(bad); err == nil {
+			t.Errorf("-H %q accepted", bad)
+		}
+	}
+}
+
+func TestSSHCommand(t *testing.T) {
+	got := sshCommand("ssh -p 2222  -o X=y", "h1", []string{"/opt/x run/xrcrun", "agent", "it's"})
+	want := []string{"ssh", "-p", "2222", "-o", "X=y", "h1", `exec '/opt/x run/xrcrun' agent 'it'\''s'`}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	// The quoting survives a real shell.
+	out, err := exec.Command("sh", "-c", "printf '%s|' "+shellQuote("a b'c\"$HOME")+" "+shellQuote("")).Output()
+	if err != nil || string(out) != "a b'c\"$HOME||" {
+		t.Errorf("sh printed %q, %v", out, err)
+	}
+}
