@@ -24,6 +24,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"time"
@@ -48,7 +49,7 @@ type Config struct {
 	// default: as much as the transport's frame allows, at most 8 KiB).
 	EagerLimit int
 	// Spin is how long a waiting rank polls before it sleeps
-	// (XRC_SPIN_US; default 50 µs).
+	// (XRC_SPIN_US; default: see defaultSpin). Negative: never poll.
 	Spin   time.Duration
 	Logger *slog.Logger
 }
@@ -103,7 +104,7 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 		cfg.Dir = defaultDir()
 	}
 	if cfg.Spin == 0 {
-		cfg.Spin = 50 * time.Microsecond
+		cfg.Spin = defaultSpin(env.LocalSize)
 		if us, err := strconv.Atoi(os.Getenv("XRC_SPIN_US")); err == nil && us >= 0 {
 			cfg.Spin = time.Duration(us) * time.Microsecond
 		}
@@ -164,6 +165,19 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 	}
 	e.comms[0] = w
 	return w, nil
+}
+
+// defaultSpin is how long a rank polls before it sleeps, when nobody
+// says: a millisecond while the node's ranks have a CPU each, since a
+// sleep and its wake-up cost tens of microseconds here and a rank that
+// sleeps makes its partner wait and sleep too; not at all when the ranks
+// outnumber the CPUs, since a polling rank then takes the CPU of the one
+// it waits for.
+func defaultSpin(localSize int) time.Duration {
+	if localSize > runtime.NumCPU() {
+		return -1
+	}
+	return time.Millisecond
 }
 
 func defaultDir() string {

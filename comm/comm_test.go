@@ -17,7 +17,7 @@ import (
 // world starts a job of n ranks as goroutines of this process, all on node
 // 0 unless nodeOf says otherwise, each with its own rendezvous client and
 // shared-memory inbox, and returns their world communicators.
-func world(t *testing.T, n int, nodeOf func(rank int) int) []*Comm {
+func world(t testing.TB, n int, nodeOf func(rank int) int) []*Comm {
 	t.Helper()
 	if nodeOf == nil {
 		nodeOf = func(int) int { return 0 }
@@ -53,7 +53,7 @@ func world(t *testing.T, n int, nodeOf func(rank int) int) []*Comm {
 				errs[r] = err
 				return
 			}
-			comms[r], errs[r] = Init(ctx, Config{Bootstrap: c, Env: &env, Dir: dir, Spin: 20 * time.Microsecond})
+			comms[r], errs[r] = Init(ctx, Config{Bootstrap: c, Env: &env, Dir: dir})
 		})
 	}
 	wg.Wait()
@@ -343,4 +343,53 @@ func TestOtherNode(t *testing.T) {
 	if _, err := comms[0].Isend([]byte("x"), 1, 0); !errors.Is(err, transport.ErrUnreachable) {
 		t.Fatalf("send to another node: %v", err)
 	}
+}
+
+// BenchmarkPingPong: 8 bytes there and back between two ranks of a node
+// (goroutines of this process, each with its own engine and inbox); ns/op
+// is the round trip.
+func BenchmarkPingPong(b *testing.B) {
+	for _, size := range []int{8, 1 << 20} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) { benchPingPong(b, size) })
+	}
+}
+
+func benchPingPong(b *testing.B, size int) {
+	comms := world(b, 2, nil)
+	ctx := context.Background()
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, size)
+		for range b.N + 1 {
+			if _, err := comms[1].Recv(ctx, buf, 0, 0); err != nil {
+				done <- err
+				return
+			}
+			if err := comms[1].Send(ctx, buf, 0, 0); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	buf := make([]byte, size)
+	pp := func() {
+		if err := comms[0].Send(ctx, buf, 1, 0); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := comms[0].Recv(ctx, buf, 1, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	pp()
+	b.SetBytes(int64(2 * size))
+	b.ResetTimer()
+	for range b.N {
+		pp()
+	}
+	b.StopTimer()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2000, "us-one-way")
 }

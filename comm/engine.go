@@ -89,6 +89,9 @@ func (e *engine) send(tr transport.Transport, dst int, r *Request, parts ...[]by
 // flush sends what the backlog holds, in order, as far as the receivers
 // have room. The lock is held.
 func (e *engine) flush() (int, error) {
+	if len(e.backlog) == 0 {
+		return 0, nil
+	}
 	n := 0
 	for dst, qs := range e.backlog {
 		tr := e.routes[dst]
@@ -185,12 +188,17 @@ func (e *engine) await(ctx context.Context, cond func() bool, chans ...<-chan st
 	return nil
 }
 
-// drive progresses until cond holds, polling for e.spin after the last
+// drive progresses until cond holds, polling for e.spin (not at all if
+// negative) after the last
 // thing that happened and then sleeping on the rank's bell. The caller
 // holds the token.
 func (e *engine) drive(ctx context.Context, cond func() bool) error {
-	stop := context.AfterFunc(ctx, func() { e.shm.Bell().Kick() })
-	defer stop()
+	var stop func() bool // the context's wake-up, armed before the first sleep
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+	}()
 	idleSince := time.Now()
 	for i := 0; ; i++ {
 		e.mu.Lock()
@@ -216,12 +224,15 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 			idleSince = time.Now()
 			continue
 		}
-		if i&15 != 0 || time.Since(idleSince) < e.spin {
+		if e.spin >= 0 && (i&15 != 0 || time.Since(idleSince) < e.spin) {
 			continue
 		}
 		// Sleep until a sender rings; the timeout bounds how late a
 		// wake-up that is not a frame (a backlog's room, the job's
 		// end) is noticed.
+		if stop == nil {
+			stop = context.AfterFunc(ctx, func() { e.shm.Bell().Kick() })
+		}
 		if err := e.shm.Bell().Wait(10 * time.Millisecond); err != nil {
 			return err
 		}

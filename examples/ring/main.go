@@ -1,0 +1,66 @@
+// Command ring passes a token around the ranks of a job: rank 0 sends it
+// to rank 1, each rank adds its number and passes it on, and rank 0
+// checks the sum when it comes back, -n times.
+//
+//	xrcrun -n 8 ./examples/ring -n 100
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/xrcrun/xrc/comm"
+)
+
+func main() {
+	laps := flag.Int("n", 10, "times around the ring")
+	size := flag.Int("s", 8, "bytes in the token (at least 8)")
+	flag.Parse()
+	if err := run(context.Background(), *laps, max(*size, 8)); err != nil {
+		fmt.Fprintln(os.Stderr, "ring:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, laps, size int) error {
+	w, err := comm.Init(ctx, comm.Config{})
+	if err != nil {
+		return err
+	}
+	rank, n := w.Rank(), w.Size()
+	next, prev := (rank+1)%n, (rank+n-1)%n
+	tok := make([]byte, size)
+	start := time.Now()
+	for lap := range laps {
+		if rank == 0 {
+			binary.LittleEndian.PutUint64(tok, 0)
+			if err := w.Send(ctx, tok, next, lap); err != nil {
+				return err
+			}
+		}
+		if _, err := w.Recv(ctx, tok, prev, lap); err != nil {
+			return err
+		}
+		sum := binary.LittleEndian.Uint64(tok)
+		if rank == 0 {
+			if want := uint64(n * (n - 1) / 2); sum != want {
+				return fmt.Errorf("lap %d: the token came back with %d, want %d", lap, sum, want)
+			}
+			continue
+		}
+		binary.LittleEndian.PutUint64(tok, sum+uint64(rank))
+		if err := w.Send(ctx, tok, next, lap); err != nil {
+			return err
+		}
+	}
+	if rank == 0 {
+		d := time.Since(start)
+		fmt.Printf("%d laps of %d ranks with %d bytes in %v: %.2f usec per hop\n",
+			laps, n, size, d.Round(time.Microsecond), float64(d.Microseconds())/float64(laps*n))
+	}
+	return w.Finalize(ctx)
+}
