@@ -205,7 +205,7 @@ func (c *Comm) Finalize(ctx context.Context) error {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		return len(e.backlog) == 0
-	})
+	}, nil)
 	err = errors.Join(err, c.boot.Barrier(ctx))
 	c.e.mu.Lock()
 	for _, tr := range c.e.trs {
@@ -371,24 +371,15 @@ func (c *Comm) peek(src, tag int) (bool, Status, error) {
 // returns its status, without receiving it.
 func (c *Comm) Probe(ctx context.Context, src, tag int) (Status, error) {
 	var st Status
-	for {
-		c.e.mu.Lock()
-		arrived := c.e.arrived
-		c.e.mu.Unlock()
-		ok, s, err := c.peek(src, tag)
-		if err != nil || ok {
-			return s, err
-		}
-		if err := c.e.await(ctx, func() bool {
-			ok, st, _ = c.peek(src, tag)
-			return ok
-		}, arrived); err != nil {
-			return Status{}, err
-		}
-		if ok {
-			return st, nil
-		}
+	var err error
+	ok := false
+	if werr := c.e.await(ctx, func() bool {
+		ok, st, err = c.peek(src, tag)
+		return ok || err != nil
+	}, func() []<-chan struct{} { return []<-chan struct{}{c.e.arrived} }); werr != nil {
+		return Status{}, werr
 	}
+	return st, err
 }
 
 // Dup returns a communicator with the same ranks and a context of its own.

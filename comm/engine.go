@@ -150,33 +150,50 @@ func (e *engine) progressOnce() {
 }
 
 // await returns once cond holds, or with the context's or the job's error.
-// chans are closed when cond may have come to hold. The caller drives
-// progress while it holds the token; otherwise it waits for the token or
-// for one of chans.
-func (e *engine) await(ctx context.Context, cond func() bool, chans ...<-chan struct{}) error {
+// The caller drives progress while it holds the token. When another
+// goroutine holds it, the caller blocks until the token is free or one of
+// the channels chans returns (called under the engine's lock) is closed:
+// they are closed when cond may have come to hold.
+func (e *engine) await(ctx context.Context, cond func() bool, chans func() []<-chan struct{}) error {
 	var cases []reflect.SelectCase
+	var one <-chan struct{}
 	for !cond() {
 		if err := e.fatal(); err != nil {
 			return err
 		}
-		if len(chans) == 1 {
-			select {
-			case <-chans[0]:
-				continue
-			case <-ctx.Done():
-				return ctx.Err()
-			case e.token <- struct{}{}:
+		select {
+		case e.token <- struct{}{}: // nobody drives: this goroutine does
+		default:
+			if cases == nil && one == nil {
+				var cs []<-chan struct{}
+				if chans != nil {
+					e.mu.Lock()
+					cs = chans()
+					e.mu.Unlock()
+				}
+				if len(cs) == 1 {
+					one = cs[0]
+				} else {
+					cases = selectCases(ctx, e.token, cs)
+				}
+				continue // cond again: it may have come to hold before the channels were taken
 			}
-		} else {
-			if cases == nil {
-				cases = selectCases(ctx, e.token, chans)
-			}
-			switch i, _, _ := reflect.Select(cases); i {
-			case 0:
-				return ctx.Err()
-			case 1:
-			default:
-				continue
+			if one != nil {
+				select {
+				case <-one:
+					continue
+				case <-ctx.Done():
+					return ctx.Err()
+				case e.token <- struct{}{}:
+				}
+			} else {
+				switch i, _, _ := reflect.Select(cases); i {
+				case 0:
+					return ctx.Err()
+				case 1:
+				default:
+					continue
+				}
 			}
 		}
 		err := e.drive(ctx, cond)
@@ -213,8 +230,10 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := e.fatal(); err != nil {
-			return err
+		if i&63 == 0 {
+			if err := e.fatal(); err != nil {
+				return err
+			}
 		}
 		if n > 0 {
 			idleSince = time.Time{}

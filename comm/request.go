@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"sync/atomic"
 
 	"github.com/xrcrun/xrc/transport"
 )
@@ -30,7 +31,8 @@ var ErrTruncate = errors.New("comm: message longer than the receive buffer")
 // before Wait or Test says so.
 type Request struct {
 	e    *engine
-	done chan struct{}
+	done atomic.Bool
+	ch   chan struct{} // closed at completion; made only for a goroutine that blocks on it, under the engine's lock
 	st   Status
 	err  error
 
@@ -58,28 +60,39 @@ type Request struct {
 	sbuf   []byte
 }
 
-func newRequest(e *engine) *Request { return &Request{e: e, done: make(chan struct{})} }
+func newRequest(e *engine) *Request { return &Request{e: e} }
 
 // complete ends the request; the engine's lock is held.
 func (r *Request) complete(st Status, err error) {
 	r.st, r.err = st, err
 	r.buf, r.sbuf = nil, nil
-	close(r.done)
+	r.done.Store(true)
+	if r.ch != nil {
+		close(r.ch)
+	}
 }
 
-func (r *Request) isDone() bool {
-	select {
-	case <-r.done:
-		return true
-	default:
-		return false
+func (r *Request) isDone() bool { return r.done.Load() }
+
+// doneChan returns a channel closed when r completes, making it the first
+// time; the engine's lock is held.
+func (r *Request) doneChan() <-chan struct{} {
+	if r.ch == nil {
+		r.ch = make(chan struct{})
+		if r.done.Load() {
+			close(r.ch)
+		}
 	}
+	return r.ch
 }
 
 // Wait blocks until the request completes or ctx ends, driving the
 // rank's progress meanwhile, and returns its status.
 func (r *Request) Wait(ctx context.Context) (Status, error) {
-	if err := r.e.await(ctx, r.isDone, r.done); err != nil {
+	if r.isDone() {
+		return r.st, r.err
+	}
+	if err := r.e.await(ctx, r.isDone, func() []<-chan struct{} { return []<-chan struct{}{r.doneChan()} }); err != nil {
 		return Status{}, err
 	}
 	return r.st, r.err
@@ -129,11 +142,13 @@ func Waitany(ctx context.Context, reqs ...*Request) (int, Status, error) {
 		}
 		return false
 	}
-	chans := make([]<-chan struct{}, len(reqs))
-	for i, r := range reqs {
-		chans[i] = r.done
-	}
-	if err := reqs[0].e.await(ctx, ready, chans...); err != nil {
+	if err := reqs[0].e.await(ctx, ready, func() []<-chan struct{} {
+		chans := make([]<-chan struct{}, len(reqs))
+		for i, r := range reqs {
+			chans[i] = r.doneChan()
+		}
+		return chans
+	}); err != nil {
 		return -1, Status{}, err
 	}
 	return idx, reqs[idx].st, reqs[idx].err
