@@ -50,7 +50,11 @@ type Config struct {
 	EagerLimit int
 	// Spin is how long a waiting rank polls before it sleeps
 	// (XRC_SPIN_US; default: see defaultSpin). Negative: never poll.
-	Spin   time.Duration
+	Spin time.Duration
+	// NoPull moves large messages between ranks of a node through the
+	// shared-memory rings, as when the kernel refuses to let a process
+	// read another's memory (XRC_SHM_NOPULL=1).
+	NoPull bool
 	Logger *slog.Logger
 }
 
@@ -115,7 +119,8 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 			cfg.EagerLimit = n
 		}
 	}
-	sh, err := shm.New(shm.Config{Dir: cfg.Dir, JobID: jobID, Rank: env.Rank, LocalRank: env.LocalRank, LocalSize: env.LocalSize})
+	sh, err := shm.New(shm.Config{Dir: cfg.Dir, JobID: jobID, Rank: env.Rank, LocalRank: env.LocalRank, LocalSize: env.LocalSize,
+		NoPull: cfg.NoPull || os.Getenv("XRC_SHM_NOPULL") == "1"})
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +138,7 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 		log: cfg.Logger, rank: env.Rank, shm: sh, trs: []transport.Transport{sh},
 		routes: make([]transport.Transport, len(members)), nodes: make([]int, len(members)),
 		comms: map[uint32]*Comm{}, posted: map[uint32][]*Request{}, unexpected: map[uint32][]*inMsg{},
-		arrived: make(chan struct{}), sends: map[uint64]*Request{}, pulls: map[uint64]*Request{},
+		arrived: make(chan struct{}), sends: map[uint64]*Request{}, pulls: map[uint64]*Request{}, pushes: map[pushKey]*pushIn{},
 		backlog: map[int][]queued{}, token: make(chan struct{}, 1), spin: cfg.Spin,
 		eagerMax: min(cfg.EagerLimit, sh.MaxEager()-hdrLen),
 	}

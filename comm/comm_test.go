@@ -53,7 +53,7 @@ func world(t testing.TB, n int, nodeOf func(rank int) int) []*Comm {
 				errs[r] = err
 				return
 			}
-			comms[r], errs[r] = Init(ctx, Config{Bootstrap: c, Env: &env, Dir: dir})
+			comms[r], errs[r] = Init(ctx, Config{Bootstrap: c, Env: &env, Dir: dir, NoPull: noPull})
 		})
 	}
 	wg.Wait()
@@ -105,8 +105,20 @@ func pattern(seed, n int) []byte {
 // TestPairs: every rank sends to every rank (itself included) messages of
 // sizes from 0 bytes to several times the eager limit; all arrive intact,
 // in order per sender and tag.
-func TestPairs(t *testing.T) {
-	comms := world(t, 4, nil)
+func TestPairs(t *testing.T) { pairs(t, world(t, 4, nil)) }
+
+// TestPairsNoPull: the same when large messages cannot be pulled and are
+// pushed through the rings.
+func TestPairsNoPull(t *testing.T) {
+	noPull = true
+	defer func() { noPull = false }()
+	pairs(t, world(t, 4, nil))
+}
+
+// noPull makes world's ranks push large messages instead of pulling them.
+var noPull bool
+
+func pairs(t *testing.T, comms []*Comm) {
 	sizes := []int{0, 1, 100, 8 << 10, 8<<10 + 1, 100 << 10, 1 << 20}
 	each(t, comms, func(ctx context.Context, c *Comm) error {
 		var reqs []*Request

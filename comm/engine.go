@@ -33,6 +33,7 @@ type engine struct {
 	arrived    chan struct{}         // closed (and replaced) when a message is queued unexpected
 	sends      map[uint64]*Request   // rendezvous sends waiting for their finish frame
 	pulls      map[uint64]*Request   // receives whose message is being pulled
+	pushes     map[pushKey]*pushIn   // receives whose message is being pushed to them
 	nextID     uint64
 	backlog    map[int][]queued // frames to a rank that did not fit yet, in order
 	bad        uint64           // malformed or impossible frames received

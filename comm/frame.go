@@ -16,8 +16,9 @@ import (
 //	8   source: the sender's rank in the communicator (i32)
 //	12  tag (i32)
 //	16  message length (u64)
-//	24  the sender's request id (u64): rendezvous and finish frames
-//	32  eager: the payload; rendezvous: the Remote (at most transport.MaxRemote bytes)
+//	24  the sender's request id (u64): rendezvous, finish, push and data frames
+//	32  eager: the payload; rendezvous: the Remote (at most transport.MaxRemote bytes);
+//	    data: a piece of the message, at the offset the length field holds
 const hdrLen = 32
 
 type frameKind uint8
@@ -26,6 +27,8 @@ const (
 	kindEager frameKind = 1 + iota // the message is in the frame
 	kindRTS                        // ready to send: pull the message from the Remote
 	kindFIN                        // the receiver has pulled message id: the sender may reuse it
+	kindPush                       // the receiver cannot pull message id: the sender pushes it in data frames
+	kindData                       // a piece of message id, at offset length, pushed
 )
 
 type header struct {
@@ -77,9 +80,13 @@ func parseFrame(f []byte) (header, []byte, error) {
 		if len(body) == 0 || len(body) > transport.MaxRemote {
 			return h, nil, fmt.Errorf("%w: remote of %d bytes", errFrame, len(body))
 		}
-	case kindFIN:
+	case kindFIN, kindPush:
 		if len(body) != 0 {
-			return h, nil, fmt.Errorf("%w: finish frame with a body", errFrame)
+			return h, nil, fmt.Errorf("%w: frame of kind %d with a body", errFrame, h.kind)
+		}
+	case kindData:
+		if len(body) == 0 || h.length > 1<<62 {
+			return h, nil, fmt.Errorf("%w: data frame of %d bytes at %d", errFrame, len(body), h.length)
 		}
 	default:
 		return h, nil, fmt.Errorf("%w: kind %d", errFrame, h.kind)

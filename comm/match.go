@@ -1,6 +1,7 @@
 package comm
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/xrcrun/xrc/transport"
@@ -13,6 +14,14 @@ func (e *engine) Deliver(from int, f []byte) {
 	if err != nil {
 		e.bad++
 		e.log.Warn("dropped a frame", "from", from, "err", err)
+		return
+	}
+	switch h.kind {
+	case kindPush:
+		e.push(from, h)
+		return
+	case kindData:
+		e.pushed(from, h, body)
 		return
 	}
 	if h.kind == kindFIN {
@@ -106,6 +115,22 @@ func (e *engine) ReadDone(cookie uint64, err error) {
 		return
 	}
 	delete(e.pulls, cookie)
+	if errors.Is(err, transport.ErrReadRefused) {
+		// Ask the sender to push the message through the transport's
+		// buffers instead.
+		e.pushes[pushKey{r.rdvWorld, r.rdvID}] = &pushIn{r: r}
+		var f [hdrLen]byte
+		(&header{kind: kindPush, ctx: r.c.ctx, src: int32(r.c.rank), id: r.rdvID}).put(f[:])
+		tr, rerr := e.route(r.rdvWorld)
+		if rerr == nil {
+			_, rerr = e.send(tr, r.rdvWorld, nil, f[:])
+		}
+		if rerr == nil {
+			return
+		}
+		delete(e.pushes, pushKey{r.rdvWorld, r.rdvID})
+		err = errors.Join(err, rerr)
+	}
 	if err != nil {
 		err = fmt.Errorf("comm: pulling %d bytes from rank %d: %w", r.st.Count, r.st.Source, err)
 	}
@@ -141,4 +166,61 @@ func (e *engine) takeUnexpected(c *Comm, r *Request) *inMsg {
 		}
 	}
 	return nil
+}
+
+// pushKey names a message being pushed: its sender's world rank and the
+// sender's request id.
+type pushKey struct {
+	world int
+	id    uint64
+}
+
+// pushIn is a receive whose message comes in data frames.
+type pushIn struct {
+	r   *Request
+	got uint64
+}
+
+// push answers a receiver that cannot pull message h.id: the message goes
+// in data frames of at most eagerMax bytes, behind which the receiver's
+// finish frame completes the send as usual. The lock is held.
+func (e *engine) push(from int, h header) {
+	r := e.sends[h.id]
+	if r == nil || r.rdvWorld != from {
+		e.bad++
+		e.log.Warn("push request for no send", "from", from, "id", h.id)
+		return
+	}
+	tr, err := e.route(from)
+	if err != nil {
+		return
+	}
+	chunk := max(e.eagerMax, 1)
+	for off := 0; off < len(r.sbuf); off += chunk {
+		var f [hdrLen]byte
+		(&header{kind: kindData, ctx: r.c.ctx, src: int32(r.c.rank), length: uint64(off), id: h.id}).put(f[:])
+		if _, err := e.send(tr, from, nil, f[:], r.sbuf[off:min(off+chunk, len(r.sbuf))]); err != nil {
+			e.log.Error("pushing a message", "to", from, "err", err)
+			return
+		}
+	}
+}
+
+// pushed takes a data frame of a message being pushed to a receive of
+// this rank; the last one finishes the receive. The lock is held.
+func (e *engine) pushed(from int, h header, body []byte) {
+	k := pushKey{from, h.id}
+	p := e.pushes[k]
+	if p == nil || h.length+uint64(len(body)) > p.r.msgLen {
+		e.bad++
+		e.log.Warn("data frame for no receive", "from", from, "id", h.id, "offset", h.length)
+		return
+	}
+	if h.length < uint64(len(p.r.buf)) {
+		copy(p.r.buf[h.length:], body)
+	}
+	if p.got += uint64(len(body)); p.got >= p.r.msgLen {
+		delete(e.pushes, k)
+		e.finish(p.r, nil)
+	}
 }

@@ -78,6 +78,11 @@ type Transport interface {
 // ErrUnreachable reports a rank the transport does not carry traffic to.
 var ErrUnreachable = errors.New("transport: rank not reachable by this transport")
 
+// ErrReadRefused reports a Read the system does not allow (a shared-memory
+// transport whose kernel forbids reading another process's memory): the
+// caller moves the data another way.
+var ErrReadRefused = errors.New("transport: direct reads of the peer's memory are not allowed")
+
 // ErrBadRemote reports a Remote that this transport did not make or that
 // does not cover the read.
 var ErrBadRemote = errors.New("transport: bad remote memory descriptor")

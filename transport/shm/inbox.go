@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/xrcrun/xrc/internal/unix"
+	"github.com/xrcrun/xrc/transport"
 )
 
 // An inbox is a file (on tmpfs: /dev/shm or the runtime directory) that a
@@ -250,7 +251,7 @@ func (o *Outbox) Close() error {
 func Pull(pid int, addr uint64, dst []byte) error {
 	err := unix.ProcessVMRead(pid, dst, addr)
 	if errors.Is(err, unix.EPERM) {
-		return fmt.Errorf("shm: %w (allow it with sysctl kernel.yama.ptrace_scope=0, or let the transport copy through the ring)", err)
+		return fmt.Errorf("shm: %w: %w (allow it with sysctl kernel.yama.ptrace_scope=0 or 1; comm copies through the ring instead)", transport.ErrReadRefused, err)
 	}
 	return err
 }

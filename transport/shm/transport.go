@@ -23,6 +23,10 @@ type Config struct {
 	// RingData is the data size of each sender's ring in an inbox: a power
 	// of two; 0 means 64 KiB.
 	RingData int
+	// NoPull makes every Read fail with transport.ErrReadRefused, as when
+	// the kernel forbids process_vm_readv: for tests of the fallback, and
+	// for users who prefer copies through the rings (XRC_SHM_NOPULL=1).
+	NoPull bool
 	// Rank, LocalRank and LocalSize place this rank on its node.
 	Rank, LocalRank, LocalSize int
 }
@@ -59,6 +63,8 @@ func New(cfg Config) (*Transport, error) {
 	if cfg.LocalRank < 0 || cfg.LocalRank >= cfg.LocalSize {
 		return nil, fmt.Errorf("shm: local rank %d of %d", cfg.LocalRank, cfg.LocalSize)
 	}
+	// The node's ranks pull large messages out of this process's memory.
+	unix.AllowPeerReads()
 	path := filepath.Join(cfg.Dir, fmt.Sprintf("shm-%s-%d", cfg.JobID, cfg.Rank))
 	in, err := CreateInbox(path, cfg.LocalSize, cfg.RingData)
 	if err != nil {
@@ -166,7 +172,12 @@ func (t *Transport) Read(rank int, dst []byte, src transport.Remote, cookie uint
 		uint64(len(dst)) > binary.LittleEndian.Uint64(src[12:]) {
 		return fmt.Errorf("%w: %d bytes from rank %d", transport.ErrBadRemote, len(dst), rank)
 	}
-	err := Pull(pid, binary.LittleEndian.Uint64(src[4:]), dst)
+	var err error
+	if t.cfg.NoPull {
+		err = fmt.Errorf("shm: %w (NoPull)", transport.ErrReadRefused)
+	} else {
+		err = Pull(pid, binary.LittleEndian.Uint64(src[4:]), dst)
+	}
 	t.done = append(t.done, readDone{cookie, err})
 	return nil
 }
