@@ -9,11 +9,11 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/xrcrun/xrc/internal/proctest"
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/softhca/hcatest"
 	"github.com/xrcrun/xrc/verbs"
@@ -60,7 +60,7 @@ func TestDeviceProcesses(t *testing.T) {
 			port := freePort(t)
 			srv := startPingpong(t, dir, fmt.Sprintf("-d %s -p %d %s", tc.server.Name, port, tc.args))
 			// The server prints its address, then listens.
-			for deadline := time.Now().Add(10 * time.Second); !strings.Contains(srv.Stdout.(*lockedBuffer).String(), "local address"); time.Sleep(5 * time.Millisecond) {
+			for deadline := time.Now().Add(10 * time.Second); !strings.Contains(srv.Stdout.(*proctest.Buffer).String(), "local address"); time.Sleep(5 * time.Millisecond) {
 				if time.Now().After(deadline) {
 					t.Fatal("the server does not start")
 				}
@@ -71,7 +71,7 @@ func TestDeviceProcesses(t *testing.T) {
 				if err := c.Wait(); err != nil {
 					t.Fatalf("%v: %v\n%s", c.Args, err, c.Stdout)
 				}
-				out := c.Stdout.(*lockedBuffer).String()
+				out := c.Stdout.(*proctest.Buffer).String()
 				for _, re := range summary {
 					if !regexp.MustCompile(re).MatchString(out) {
 						t.Fatalf("no line matching %s in\n%s", re, out)
@@ -90,7 +90,7 @@ func TestDeviceProcesses(t *testing.T) {
 func startPingpong(t *testing.T, dir, args string) *exec.Cmd {
 	c := exec.Command(os.Args[0], "-test.run=^$")
 	c.Env = append(os.Environ(), envArgs+"="+args, softhca.RuntimeDirEnv+"="+dir)
-	c.Stdout, c.Stderr = new(lockedBuffer), os.Stderr
+	c.Stdout, c.Stderr = new(proctest.Buffer), os.Stderr
 	c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
@@ -146,22 +146,4 @@ func TestDestWire(t *testing.T) {
 	if _, err := parseDest([]byte("0012:abcdef:123456:zz")); err == nil {
 		t.Fatal("bad message parsed")
 	}
-}
-
-// lockedBuffer is a buffer a process writes while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

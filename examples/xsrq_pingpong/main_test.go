@@ -8,15 +8,13 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/xrcrun/xrc/internal/proctest"
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/softhca/hcatest"
 	"github.com/xrcrun/xrc/verbs"
@@ -153,36 +151,25 @@ func wantObjects(t *testing.T, s *hcatest.Service, want map[string]uint64) {
 
 // proc is an xsrq_pingpong process.
 type proc struct {
+	*proctest.Proc
 	args string
-	cmd  *exec.Cmd
-	out  *lockedBuffer
-	done chan struct{} // closed when it has exited
+	out  *proctest.Buffer
 }
 
 // start starts xsrq_pingpong in a process with the devices of dir; it is
 // killed, if still running, when the test ends.
 func start(t *testing.T, dir, pauseDir, args string) *proc {
-	p := &proc{args: args, cmd: exec.Command(os.Args[0], "-test.run=^$"), out: new(lockedBuffer), done: make(chan struct{})}
-	p.cmd.Env = append(os.Environ(), envArgs+"="+args, softhca.RuntimeDirEnv+"="+dir, envPause+"="+pauseDir)
-	p.cmd.Stdout, p.cmd.Stderr = p.out, os.Stderr
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		p.cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() { p.cmd.Process.Kill(); <-p.done })
-	return p
+	out := new(proctest.Buffer)
+	return &proc{Proc: proctest.Start(t, []string{envArgs + "=" + args, softhca.RuntimeDirEnv + "=" + dir, envPause + "=" + pauseDir}, out),
+		args: args, out: out}
 }
 
 // exited fails the test if p has exited.
 func (p *proc) exited(t *testing.T) {
 	t.Helper()
 	select {
-	case <-p.done:
-		t.Fatalf("%s exited: %v\n%s", p.args, p.cmd.ProcessState, p.out)
+	case <-p.Done():
+		t.Fatalf("%s exited: %v\n%s", p.args, p.Cmd.ProcessState, p.out)
 	default:
 	}
 }
@@ -191,13 +178,13 @@ func (p *proc) exited(t *testing.T) {
 func wait(t *testing.T, p *proc) string {
 	t.Helper()
 	select {
-	case <-p.done:
+	case <-p.Done():
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("%s does not end", p.args)
 	}
 	out := p.out.String()
-	if !p.cmd.ProcessState.Success() {
-		t.Fatalf("%s: %v\n%s", p.args, p.cmd.ProcessState, out)
+	if !p.Cmd.ProcessState.Success() {
+		t.Fatalf("%s: %v\n%s", p.args, p.Cmd.ProcessState, out)
 	}
 	t.Logf("%s", out)
 	return out
@@ -289,22 +276,4 @@ func TestFlags(t *testing.T) {
 	if err := run(context.Background(), []string{"-o"}, &bytes.Buffer{}, &bytes.Buffer{}); !errors.Is(err, verbs.ErrNotSupported) {
 		t.Fatalf("-o: %v", err)
 	}
-}
-
-// lockedBuffer is a buffer a process writes while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

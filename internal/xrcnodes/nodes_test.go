@@ -5,14 +5,13 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/xrcrun/xrc/bootstrap"
+	"github.com/xrcrun/xrc/internal/proctest"
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/softhca/hcatest"
 )
@@ -169,38 +168,25 @@ func counts(t *testing.T, s *hcatest.Service, want map[string]uint64) bool {
 
 // proc is a worker process.
 type proc struct {
+	*proctest.Proc
 	rank int
-	cmd  *exec.Cmd
-	done chan struct{}
 }
 
 // startRank starts rank's worker with env added to this process's
 // environment; it is killed, if still running, when the test ends.
 func startRank(t *testing.T, rank int, env []string) *proc {
-	p := &proc{rank: rank, cmd: exec.Command(os.Args[0], "-test.run=^$"), done: make(chan struct{})}
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = os.Stderr, os.Stderr
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		p.cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() { p.cmd.Process.Kill(); <-p.done })
-	return p
+	return &proc{Proc: proctest.Start(t, env, nil), rank: rank}
 }
 
 // wait waits for the worker to exit successfully.
 func (p *proc) wait(t *testing.T) {
 	t.Helper()
 	select {
-	case <-p.done:
+	case <-p.Done():
 	case <-time.After(timeout):
 		t.Fatalf("rank %d does not end", p.rank)
 	}
-	if !p.cmd.ProcessState.Success() {
-		t.Fatalf("rank %d: %v", p.rank, p.cmd.ProcessState)
+	if !p.Cmd.ProcessState.Success() {
+		t.Fatalf("rank %d: %v", p.rank, p.Cmd.ProcessState)
 	}
 }
