@@ -126,18 +126,7 @@ func (c *Client) register(key, endpoint []byte, rnd io.Reader) error {
 	if err := c.fc.send(&reg); err != nil {
 		return err
 	}
-	t, p, err := c.fc.read(maxFromServer)
-	if err != nil {
-		return err
-	}
-	if t == tReject {
-		rej, err := expect[*msgReject](t, p, tReject)
-		if err != nil {
-			return err
-		}
-		return rejectError(rej)
-	}
-	ready, err := expect[*msgReady](t, p, tReady)
+	ready, err := expectOrReject[*msgReady](c.fc, maxFromServer, tReady)
 	if err != nil {
 		return err
 	}

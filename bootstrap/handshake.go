@@ -110,18 +110,7 @@ func dialHandshake(fc *frameConn, key []byte, rnd io.Reader) error {
 	if err := fc.send(&hello); err != nil {
 		return err
 	}
-	t, p, err := fc.read(maxPreAuth)
-	if err != nil {
-		return err
-	}
-	if t == tReject {
-		rej, err := expect[*msgReject](t, p, tReject)
-		if err != nil {
-			return err
-		}
-		return rejectError(rej)
-	}
-	ch, err := expect[*msgChallenge](t, p, tChallenge)
+	ch, err := expectOrReject[*msgChallenge](fc, maxPreAuth, tChallenge)
 	if err != nil {
 		return err
 	}

@@ -67,6 +67,24 @@ func expect[M message](t msgType, p []byte, want msgType) (M, error) {
 	return m.(M), nil
 }
 
+// expectOrReject reads the server's next message from fc (at most limit
+// bytes): one of type want, or a rejection, which it returns as its error.
+func expectOrReject[M message](fc *frameConn, limit int, want msgType) (M, error) {
+	var zero M
+	t, p, err := fc.read(limit)
+	if err != nil {
+		return zero, err
+	}
+	if t == tReject {
+		rej, err := expect[*msgReject](t, p, tReject)
+		if err != nil {
+			return zero, err
+		}
+		return zero, rejectError(rej)
+	}
+	return expect[M](t, p, want)
+}
+
 type msgHello struct {
 	Magic   [4]byte
 	Version uint16
