@@ -10,6 +10,7 @@ import (
 
 	"github.com/xrcrun/xrc/transport"
 	"github.com/xrcrun/xrc/transport/shm"
+	"github.com/xrcrun/xrc/verbs"
 )
 
 // engine is a process's progress engine: its transports, the matching
@@ -23,6 +24,7 @@ type engine struct {
 	log    *slog.Logger
 	rank   int // world rank
 	shm    *shm.Transport
+	dev    *verbs.Context        // the verbs device of the RC transport, closed by Finalize; nil if none
 	trs    []transport.Transport // distinct transports, for progress
 	routes []transport.Transport // by world rank; nil: unreachable
 	nodes  []int                 // node of each world rank
