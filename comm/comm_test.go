@@ -89,6 +89,10 @@ func nodeDevices(t *testing.T, n int, l layout) map[int]*softhca.Device {
 			if err := d.Close(); err != nil {
 				t.Error(err)
 			}
+			// Credits keep every sender within the receivers' buffers.
+			if n := d.Counters().RNRNaksSent.Load(); n > 0 {
+				t.Errorf("node %d: %d RNR NAKs sent", node, n)
+			}
 		})
 	}
 	return devs
@@ -96,6 +100,14 @@ func nodeDevices(t *testing.T, n int, l layout) map[int]*softhca.Device {
 
 // worldOn starts a job of n ranks placed by l.
 func worldOn(t *testing.T, n int, l layout) []*Comm {
+	t.Helper()
+	comms, _ := worldDevs(t, n, l)
+	return comms
+}
+
+// worldDevs starts a job of n ranks placed by l, and returns the nodes'
+// devices too.
+func worldDevs(t *testing.T, n int, l layout) ([]*Comm, map[int]*softhca.Device) {
 	t.Helper()
 	if l.nodeOf == nil {
 		l.nodeOf = func(int) int { return 0 }
@@ -154,7 +166,7 @@ func worldOn(t *testing.T, n int, l layout) []*Comm {
 		}
 		wg.Wait()
 	})
-	return comms
+	return comms, devs
 }
 
 // each runs f on every rank at once and fails the test with their errors.
