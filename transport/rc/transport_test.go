@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/transport"
@@ -15,9 +16,66 @@ import (
 )
 
 func twoDevices(t *testing.T) []*verbs.Context {
-	_, a := newDevice(t, softhca.Faults{})
-	_, b := newDevice(t, softhca.Faults{})
+	da, a := newDevice(t, softhca.Faults{})
+	db, b := newDevice(t, softhca.Faults{})
+	t.Cleanup(func() {
+		// Credits keep every sender within the receiver's buffers.
+		for _, d := range []*softhca.Device{da, db} {
+			if n := d.Counters().RNRNaksSent.Load(); n > 0 {
+				t.Errorf("%s: %d RNR NAKs sent", d.Name(), n)
+			}
+		}
+	})
 	return []*verbs.Context{a, b}
+}
+
+// TestCredits: a sender whose receiver does not progress sends its share
+// of the receiver's buffers, then is refused; once the receiver delivers,
+// the credits come back (in a credit message: nothing goes the other
+// way) and the rest goes.
+func TestCredits(t *testing.T) {
+	ends := job(t, twoDevices(t), func(c *Config) { c.SRQDepth = 16 })
+	want := 16 - 3
+	sent := 0
+	for {
+		ok, err := ends[0].tr.TrySend(1, []byte{byte(sent)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		sent++
+	}
+	if sent != want {
+		t.Fatalf("sent %d frames before the receiver progressed, want its %d credits", sent, want)
+	}
+	const total = 200
+	progress(t, ends, func() bool {
+		for sent < total {
+			ok, err := ends[0].tr.TrySend(1, []byte{byte(sent)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				break
+			}
+			sent++
+		}
+		return len(ends[1].h.frames[0]) == total
+	})
+	for i, f := range ends[1].h.frames[0] {
+		if len(f) != 1 || f[0] != byte(i) {
+			t.Fatalf("frame %d: %v", i, f)
+		}
+	}
+	var m dto.Metric
+	if err := ends[1].tr.m.creditMsgs.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if m.GetCounter().GetValue() == 0 {
+		t.Error("the receiver sent no credit message")
+	}
 }
 
 // stream sends n frames each way between ends 0 and 1, of sizes from 0
