@@ -93,7 +93,7 @@ func TestLazy(t *testing.T) {
 	}
 	want := []int{1, 2, 1}
 	for i, e := range ends {
-		if st := e.tr.Stats(); st.QPs != want[i] || st.Connected != want[i] {
+		if st := e.tr.Stats(); st.QPs != want[i] || st.Connected != want[i] || st.HandshakeTime <= 0 || st.SetupTime <= 0 {
 			t.Errorf("rank %d: %+v, want %d QPs", i, st, want[i])
 		}
 	}

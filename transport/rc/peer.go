@@ -2,6 +2,7 @@ package rc
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/xrcrun/xrc/verbs"
 )
@@ -15,7 +16,9 @@ type peer struct {
 	qp    *verbs.QP // nil until made (lazy connection)
 	psn   uint32    // the QP's first send PSN
 	state peerState
-	err   error // why the peer failed; returned by every later call
+	// started is when the QP was made (for the lazy handshake's time).
+	started time.Time
+	err     error // why the peer failed; returned by every later call
 
 	sqUsed   int         // send work requests not completed yet
 	readsOut int         // RDMA READs posted and not completed

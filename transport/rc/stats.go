@@ -1,5 +1,7 @@
 package rc
 
+import "time"
+
 // Stats describes what the transport holds, for the connection report.
 type Stats struct {
 	QPs  int // RC QPs made (connected or connecting)
@@ -16,6 +18,10 @@ type Stats struct {
 	// (control segment, two data segments or 96 inline bytes), SRQ WQEs
 	// of 32 bytes (next segment and one data segment), CQEs of 32 bytes.
 	QueueBytes int64
+	// SetupTime is the time spent making QPs and taking them to RTS;
+	// HandshakeTime, with lazy connection, the time from a peer's first
+	// need to its QP at RTS, summed over peers.
+	SetupTime, HandshakeTime time.Duration
 }
 
 // Queue entry sizes of the estimate in Stats.
@@ -28,7 +34,7 @@ const (
 // Stats reports the transport's objects and memory. Call it from the
 // goroutine that drives the transport.
 func (t *Transport) Stats() Stats {
-	s := Stats{SRQs: 1, CachedRegions: t.cache.entries}
+	s := Stats{SRQs: 1, CachedRegions: t.cache.entries, SetupTime: t.setupTime, HandshakeTime: t.handshake}
 	for _, p := range t.peers {
 		if p != nil && p.qp != nil {
 			s.QPs++

@@ -47,6 +47,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"time"
 
 	"github.com/xrcrun/xrc/transport"
 	"github.com/xrcrun/xrc/verbs"
@@ -81,6 +82,11 @@ type Transport struct {
 	done     []readDone // finished reads, for the next Progress
 	dirty    []*peer    // peers with reads to post or credits to return
 	wc       []verbs.WorkCompletion
+
+	// setupTime is the time spent making QPs and changing their states;
+	// handshake the time lazy connections took from the first need to
+	// RTS, summed over peers.
+	setupTime, handshake time.Duration
 
 	lz     *lazy // nil unless Config.Lazy
 	cancel context.CancelFunc
@@ -201,6 +207,9 @@ func (t *Transport) setup() error {
 
 // createQP makes p's QP and takes it to INIT.
 func (t *Transport) createQP(p *peer) error {
+	start := time.Now()
+	p.started = start
+	defer func() { t.setupTime += time.Since(start) }()
 	qp, err := t.pd.CreateQP(&verbs.QPInitAttr{Type: verbs.QPTRC, SendCQ: t.cq, RecvCQ: t.cq, SRQ: t.recv.srq,
 		Cap: verbs.QPCap{MaxSendWR: uint32(t.cfg.SendDepth), MaxSendSGE: 2, MaxInlineData: inlineSize}})
 	if err != nil {
@@ -223,6 +232,8 @@ func (t *Transport) createQP(p *peer) error {
 // bringUp takes p's QP from INIT to RTS toward the peer's QP qpn, whose
 // first PSN is psn.
 func (t *Transport) bringUp(p *peer, qpn, psn uint32) error {
+	start := time.Now()
+	defer func() { t.setupTime += time.Since(start) }()
 	mtu := min(t.port.ActiveMTU, p.rec.mtu)
 	err := p.qp.Modify(&verbs.QPAttr{State: verbs.QPSRTR, PathMTU: mtu, DestQPN: qpn, RQPSN: psn,
 		MaxDestRdAtomic: uint8(t.maxRd), MinRNRTimer: minRNRTimer,
@@ -240,6 +251,9 @@ func (t *Transport) bringUp(p *peer, qpn, psn uint32) error {
 	}
 	p.state = peerReady
 	t.m.connects.Inc()
+	if t.lz != nil {
+		t.handshake += time.Since(p.started)
+	}
 	return nil
 }
 
