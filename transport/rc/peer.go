@@ -25,7 +25,7 @@ type peer struct {
 	pending  []readChunk // RDMA READs waiting for room
 	dirty    bool        // in Transport.dirty
 
-	// Credits, counted modulo 2^31 (credit.go): frames sent to the peer,
+	// Credits, counted modulo 2^31 (eager.go): frames sent to the peer,
 	// and how many of them it said it consumed; frames of the peer
 	// consumed here, and the count last told to it.
 	sent, peerFreed  uint32
