@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/xrcrun/xrc/verbs"
 )
@@ -25,6 +26,8 @@ type recvPool struct {
 	posted int      // guarded by mu
 	wrs    []verbs.RecvWR
 	sges   []verbs.SGE
+	// fired says the limit event came and the limit is not armed.
+	fired atomic.Bool
 }
 
 func newRecvPool(pd *verbs.PD, n, size int) (*recvPool, error) {
@@ -48,10 +51,20 @@ func newRecvPool(pd *verbs.PD, n, size int) (*recvPool, error) {
 	}
 	// The limit event says the SRQ runs low: the rank is not progressing
 	// while peers send (credits overcommitted, see New).
-	if err := p.srq.Modify(verbs.SRQAttr{SRQLimit: uint32(n / 4)}, verbs.SRQLimit); err != nil {
-		return p, fmt.Errorf("rc: arm SRQ limit: %w", err)
+	if err := p.arm(); err != nil {
+		return p, err
 	}
 	return p, nil
+}
+
+func (p *recvPool) limit() int { return p.n / 4 }
+
+// arm arms the SRQ's limit event.
+func (p *recvPool) arm() error {
+	if err := p.srq.Modify(verbs.SRQAttr{SRQLimit: uint32(p.limit())}, verbs.SRQLimit); err != nil {
+		return fmt.Errorf("rc: arm SRQ limit: %w", err)
+	}
+	return nil
 }
 
 func (p *recvPool) buf(i uint32) []byte { return p.mem[int(i)*p.size : int(i+1)*p.size] }

@@ -31,8 +31,8 @@ func (t *Transport) watchCQ(ctx context.Context) {
 // watchEvents handles the device's async events until ctx ends. The SRQ
 // limit event means the peers' frames use up the receive buffers faster
 // than the rank delivers them (possible when the credits overcommit the
-// SRQ): it posts the free buffers at once, arms the limit again and wakes
-// the rank. QP errors are logged; their completions fail the peer.
+// SRQ): it posts the free buffers at once and wakes the rank, whose
+// Progress arms the limit again when the SRQ is above it. QP errors are logged; their completions fail the peer.
 func (t *Transport) watchEvents(ctx context.Context) {
 	for {
 		ev, err := t.cfg.Device.GetAsyncEvent(ctx)
@@ -48,9 +48,10 @@ func (t *Transport) watchEvents(ctx context.Context) {
 			if _, err := t.recv.refill(); err != nil {
 				t.log.Error("SRQ limit: refill", "err", err)
 			}
-			if err := t.recv.srq.Modify(verbs.SRQAttr{SRQLimit: uint32(t.recv.n / 4)}, verbs.SRQLimit); err != nil && ctx.Err() == nil {
-				t.log.Error("SRQ limit: arm again", "err", err)
-			}
+			// Progress arms it again once it has buffers to post:
+			// armed below the limit, it would fire at once, again and
+			// again, while the rank does not progress.
+			t.recv.fired.Store(true)
 			t.cfg.Kick()
 		case verbs.EventQPFatal, verbs.EventQPReqErr, verbs.EventQPAccessErr, verbs.EventSRQErr,
 			verbs.EventCQErr, verbs.EventDeviceFatal, verbs.EventPortErr:

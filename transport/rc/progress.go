@@ -42,6 +42,11 @@ func (t *Transport) Progress(h transport.Handler) (int, error) {
 	if err != nil {
 		return n, err
 	}
+	if posted > t.recv.limit() && t.recv.fired.Swap(false) {
+		if err := t.recv.arm(); err != nil {
+			return n, err
+		}
+	}
 	// Handlers may add peers to the list while it is walked.
 	for i := 0; i < len(t.dirty); i++ {
 		p := t.dirty[i]

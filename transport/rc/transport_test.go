@@ -348,3 +348,57 @@ func metricValues(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	}
 	return got
 }
+
+// TestOvercommit: more peers than receive buffers. Six senders with their
+// minimum of 2 credits each fill a receiver's SRQ of 8 while it does not
+// progress: the SRQ limit event fires, the senders' last frames meet RNR
+// NAKs and are retried, and once the receiver progresses every frame
+// arrives, in order per sender.
+func TestOvercommit(t *testing.T) {
+	d, c0 := newDevice(t, softhca.Faults{})
+	ctxs := []*verbs.Context{c0}
+	for range 6 {
+		c, err := d.Open(verbs.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		ctxs = append(ctxs, c)
+	}
+	reg := prometheus.NewRegistry()
+	ends := job(t, ctxs, func(c *Config) {
+		c.SRQDepth = 8
+		if c.Rank == 0 {
+			c.Registerer = reg
+		}
+	})
+	if ends[1].tr.credits != 2 {
+		t.Fatalf("%d credits, want the minimum of 2", ends[1].tr.credits)
+	}
+	for _, e := range ends[1:] {
+		for i := range 2 {
+			if ok, err := e.tr.TrySend(0, []byte{byte(e.tr.cfg.Rank), byte(i)}); !ok || err != nil {
+				t.Fatalf("send: %v, %v", ok, err)
+			}
+		}
+	}
+	// Wait (while the senders progress) for the receiver's limit event.
+	progress(t, ends[1:], func() bool { return metricValues(t, reg)["xrc_rc_srq_limit_events_total"] > 0 })
+	progress(t, ends, func() bool {
+		n := 0
+		for r := 1; r < len(ends); r++ {
+			n += len(ends[0].h.frames[r])
+		}
+		return n == 12
+	})
+	for r := 1; r < len(ends); r++ {
+		for i, f := range ends[0].h.frames[r] {
+			if f[0] != byte(r) || f[1] != byte(i) {
+				t.Fatalf("frame %d from %d: %v", i, r, f)
+			}
+		}
+	}
+	if n := d.Counters().RNRNaksSent.Load(); n == 0 {
+		t.Error("no RNR NAK: the SRQ was not overcommitted")
+	}
+}
