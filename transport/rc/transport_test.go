@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -400,5 +401,35 @@ func TestOvercommit(t *testing.T) {
 	}
 	if n := d.Counters().RNRNaksSent.Load(); n == 0 {
 		t.Error("no RNR NAK: the SRQ was not overcommitted")
+	}
+}
+
+// TestPeerFails: a read with a key the peer never gave fails at the
+// peer's HCA, which breaks the connection (as RC does): the read ends
+// with an error naming the peer, and so does every later call toward it.
+func TestPeerFails(t *testing.T) {
+	ends := job(t, twoDevices(t), nil)
+	buf := make([]byte, 4096)
+	rm, err := ends[1].tr.Expose(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := append(transport.Remote(nil), rm...)
+	binary.LittleEndian.PutUint32(forged[16:], binary.LittleEndian.Uint32(rm[16:])^0xff00)
+	if err := ends[0].tr.Read(1, make([]byte, 100), forged, 5); err != nil {
+		t.Fatal(err)
+	}
+	progress(t, ends, func() bool { _, ok := ends[0].h.reads[5]; return ok })
+	if err := ends[0].h.reads[5]; err == nil || !strings.Contains(err.Error(), "rank 1") {
+		t.Fatalf("read with a forged key: %v", err)
+	}
+	if _, err := ends[0].tr.TrySend(1, []byte("x")); err == nil {
+		t.Fatal("send to a failed peer")
+	}
+	if err := ends[0].tr.Read(1, make([]byte, 10), rm, 6); err == nil {
+		t.Fatal("read from a failed peer")
+	}
+	if err := ends[1].tr.Unexpose(rm); err != nil {
+		t.Fatal(err)
 	}
 }
