@@ -10,9 +10,10 @@
 // exposes its buffer and the receiver pulls it once the receive matches,
 // with one copy, then tells the sender it is done.
 //
-// Between ranks of a node the transport is shared memory (transport/shm).
-// RC and XRC between nodes are not here yet: a send to a rank of another
-// node fails with an error wrapping transport.ErrUnreachable.
+// Between ranks of a node the transport is shared memory (transport/shm);
+// between nodes it is RC (transport/rc) on the rank's verbs device
+// (Config.OpenDevice, XRC_DEVICE), its QPs connected at Init or at the
+// first message (XRC_CONNECT). XRC is not here yet.
 package comm
 
 import (
@@ -29,9 +30,13 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/xrcrun/xrc/bootstrap"
 	"github.com/xrcrun/xrc/transport"
+	"github.com/xrcrun/xrc/transport/rc"
 	"github.com/xrcrun/xrc/transport/shm"
+	"github.com/xrcrun/xrc/verbs"
 )
 
 // Config configures Init. The zero value reads everything from the
@@ -55,7 +60,19 @@ type Config struct {
 	// shared-memory rings, as when the kernel refuses to let a process
 	// read another's memory (XRC_SHM_NOPULL=1).
 	NoPull bool
-	Logger *slog.Logger
+	// Transport is how ranks of other nodes are reached: "rc", "xrc" (not
+	// yet) or "auto" (RC); empty means Env.Transport, else XRC_TRANSPORT,
+	// else auto. Connect is "eager" (every QP at Init) or "lazy" (at the
+	// first message to a rank); empty means Env.Connect, else XRC_CONNECT,
+	// else eager.
+	Transport, Connect string
+	// OpenDevice opens the rank's verbs device when the job has ranks on
+	// other nodes; nil opens the device XRC_DEVICE names (Env.Device),
+	// or the first one listed. Finalize closes it.
+	OpenDevice func(ctx context.Context, env *bootstrap.Env) (*verbs.Context, error)
+	// Registerer, when not nil, gets the transports' counters.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
 }
 
 // Comm is a communicator: a group of ranks and a context of its own, so
@@ -124,34 +141,91 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	fail := func(err error) (*Comm, error) {
-		sh.Close()
-		return nil, err
+	members := boot.Members()
+	nodes := make([]int, len(members))
+	multi := false
+	for i, m := range members {
+		nodes[i] = m.Node
+		multi = multi || m.Node != members[0].Node
 	}
-	recs, err := boot.AllGather(ctx, sh.Record())
+	// Ranks of other nodes: RC, on the rank's verbs device.
+	var (
+		rct  *rc.Transport
+		dev  *verbs.Context
+		lazy bool
+	)
+	fail := func(err error) (*Comm, error) {
+		if rct != nil {
+			err = errors.Join(err, rct.Close())
+		}
+		if dev != nil {
+			err = errors.Join(err, dev.Close())
+		}
+		return nil, errors.Join(err, sh.Close())
+	}
+	own := [][]byte{sh.Record()}
+	if multi {
+		f, err := chooseFabric(&cfg, env)
+		if err != nil {
+			return fail(err)
+		}
+		lazy = f.lazy
+		if dev, err = openDevice(ctx, &cfg, env, f); err != nil {
+			return fail(err)
+		}
+		kick := func() { sh.Bell().Kick() }
+		if rct, err = newRC(&cfg, env, boot, dev, nodes, f.lazy, kick); err != nil {
+			return fail(err)
+		}
+		own = append(own, rct.Record())
+	}
+	recs, err := boot.AllGather(ctx, joinRecords(own...))
 	if err != nil {
 		return fail(err)
 	}
-	members := boot.Members()
 	peers := make([]transport.Peer, len(members))
+	rcPeers := make([]transport.Peer, len(members))
 	e := &engine{
-		log: cfg.Logger, rank: env.Rank, shm: sh, trs: []transport.Transport{sh},
-		routes: make([]transport.Transport, len(members)), nodes: make([]int, len(members)),
+		log: cfg.Logger, rank: env.Rank, shm: sh, trs: []transport.Transport{sh}, dev: dev,
+		routes: make([]transport.Transport, len(members)), nodes: nodes,
 		comms: map[uint32]*Comm{}, posted: map[uint32][]*Request{}, unexpected: map[uint32][]*inMsg{},
 		arrived: make(chan struct{}), sends: map[uint64]*Request{}, pulls: map[uint64]*Request{}, pushes: map[pushKey]*pushIn{},
 		backlog: map[int][]queued{}, token: make(chan struct{}, 1), spin: cfg.Spin,
 		eagerMax: min(cfg.EagerLimit, sh.MaxEager()-hdrLen),
 	}
 	for i, m := range members {
-		peers[i] = transport.Peer{Rank: m.Rank, Node: m.Node, LocalRank: m.LocalRank, Record: recs[i]}
-		e.nodes[i] = m.Node
+		parts, err := splitRecords(recs[i], len(own))
+		if err != nil {
+			return fail(fmt.Errorf("rank %d: %w", i, err))
+		}
+		peers[i] = transport.Peer{Rank: m.Rank, Node: m.Node, LocalRank: m.LocalRank, Record: parts[0]}
+		if rct != nil {
+			rcPeers[i] = transport.Peer{Rank: m.Rank, Node: m.Node, LocalRank: m.LocalRank, Record: parts[1]}
+		}
 	}
 	if err := sh.Connect(ctx, peers); err != nil {
 		return fail(err)
 	}
+	if rct != nil {
+		if err := rct.Connect(ctx, rcPeers); err != nil {
+			return fail(err)
+		}
+		// Every QP at RTS before the first frame, so that none is
+		// retransmitted for a peer still connecting.
+		if !lazy {
+			if err := boot.Barrier(ctx); err != nil {
+				return fail(err)
+			}
+		}
+		e.trs = append(e.trs, rct)
+		e.eagerMax = min(e.eagerMax, rct.MaxEager()-hdrLen)
+	}
 	for i := range members {
-		if sh.Reaches(i) {
+		switch {
+		case sh.Reaches(i):
 			e.routes[i] = sh
+		case rct != nil && rct.Reaches(i):
+			e.routes[i] = rct
 		}
 	}
 	e.fatal = func() error {
@@ -213,8 +287,12 @@ func (c *Comm) Finalize(ctx context.Context) error {
 	}, nil)
 	err = errors.Join(err, c.boot.Barrier(ctx))
 	c.e.mu.Lock()
-	for _, tr := range c.e.trs {
+	// In reverse: shm's bell, which the others kick, goes last.
+	for _, tr := range slices.Backward(c.e.trs) {
 		err = errors.Join(err, tr.Close())
+	}
+	if c.e.dev != nil {
+		err = errors.Join(err, c.e.dev.Close())
 	}
 	c.e.mu.Unlock()
 	return errors.Join(err, c.boot.Close())

@@ -6,22 +6,121 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
+	"net/netip"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/xrcrun/xrc/bootstrap"
-	"github.com/xrcrun/xrc/transport"
+	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/verbs"
 )
 
 // world starts a job of n ranks as goroutines of this process, all on node
 // 0 unless nodeOf says otherwise, each with its own rendezvous client and
 // shared-memory inbox, and returns their world communicators.
 func world(t testing.TB, n int, nodeOf func(rank int) int) []*Comm {
-	t.Helper()
-	if nodeOf == nil {
-		nodeOf = func(int) int { return 0 }
+	return worldOn(t, n, layout{nodeOf: nodeOf})
+}
+
+// layout places a job's ranks on nodes. Every node with ranks gets an
+// in-process software HCA, on a fabric shared by the nodes or, with udp,
+// speaking RoCEv2 on a loopback address of its own; the ranks of a node
+// open it, as the processes of a node open its HCA.
+type layout struct {
+	name    string
+	nodeOf  func(rank int) int
+	connect string // "eager" or "lazy"
+	udp     bool
+	faults  softhca.Faults
+}
+
+// layouts are the placements the point-to-point suite runs on: one node
+// (shared memory only), and two nodes of two ranks, ranks alternating
+// (RC between the nodes), connected at Init or on demand.
+var layouts = []layout{
+	{name: "OneNode"},
+	{name: "TwoNodes", nodeOf: func(r int) int { return r % 2 }},
+	{name: "TwoNodesLazy", nodeOf: func(r int) int { return r % 2 }, connect: "lazy"},
+}
+
+// onLayouts runs f as a subtest on every layout.
+func onLayouts(t *testing.T, f func(t *testing.T, l layout)) {
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) { f(t, l) })
 	}
+}
+
+var devSeq atomic.Uint32
+
+// nodeDevices starts the devices of the nodes of ranks [0, n).
+func nodeDevices(t testing.TB, n int, l layout) map[int]*softhca.Device {
+	devs := map[int]*softhca.Device{}
+	nodes := map[int]bool{}
+	for r := range n {
+		nodes[l.nodeOf(r)] = true
+	}
+	if len(nodes) == 1 {
+		return devs // a job on one node opens no device
+	}
+	fab := softhca.NewFabric()
+	for r := range n {
+		node := l.nodeOf(r)
+		if devs[node] != nil {
+			continue
+		}
+		var err error
+		for range 20 {
+			k := devSeq.Add(1)
+			cfg := softhca.Config{Name: fmt.Sprintf("commt%d", k), Faults: l.faults,
+				Addr: netip.AddrFrom4([4]byte{127, 1, byte(k >> 8), byte(k)})}
+			if l.udp {
+				cfg.UDP = true
+				cfg.Addr = netip.AddrFrom4([4]byte{127, 64 + byte(mrand.IntN(64)), byte(mrand.IntN(256)), byte(1 + mrand.IntN(254))})
+			} else {
+				cfg.Fabric = fab
+			}
+			if devs[node], err = softhca.New(context.Background(), cfg); err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := devs[node]
+		t.Cleanup(func() {
+			if err := d.Close(); err != nil {
+				t.Error(err)
+			}
+			// Credits keep every sender within the receivers' buffers.
+			if n := d.Counters().RNRNaksSent.Load(); n > 0 {
+				t.Errorf("node %d: %d RNR NAKs sent", node, n)
+			}
+		})
+	}
+	return devs
+}
+
+// worldOn starts a job of n ranks placed by l.
+func worldOn(t testing.TB, n int, l layout) []*Comm {
+	t.Helper()
+	comms, _ := worldDevs(t, n, l)
+	return comms
+}
+
+// worldDevs starts a job of n ranks placed by l, and returns the nodes'
+// devices too.
+func worldDevs(t testing.TB, n int, l layout) ([]*Comm, map[int]*softhca.Device) {
+	t.Helper()
+	if l.nodeOf == nil {
+		l.nodeOf = func(int) int { return 0 }
+	}
+	nodeOf := l.nodeOf
+	devs := nodeDevices(t, n, l)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	key := make([]byte, 32)
@@ -47,13 +146,16 @@ func world(t testing.TB, n int, nodeOf func(rank int) int) []*Comm {
 		seen[node]++
 		wg.Go(func() {
 			env := bootstrap.Env{Rank: r, Size: n, LocalRank: lr, LocalSize: local[node], Node: node, Nodes: len(local),
-				Addr: srv.Addr(), Key: key, JobID: "t"}
+				Addr: srv.Addr(), Key: key, JobID: "t", Connect: l.connect}
 			c, err := bootstrap.Join(ctx, env.Addr, key, bootstrap.Member{Rank: r, Node: node, LocalRank: lr}, n, bootstrap.ClientConfig{})
 			if err != nil {
 				errs[r] = err
 				return
 			}
-			comms[r], errs[r] = Init(ctx, Config{Bootstrap: c, Env: &env, Dir: dir, NoPull: noPull})
+			open := func(ctx context.Context, env *bootstrap.Env) (*verbs.Context, error) {
+				return devs[env.Node].Open(verbs.Config{})
+			}
+			comms[r], errs[r] = Init(ctx, Config{Bootstrap: c, Env: &env, Dir: dir, NoPull: noPull, OpenDevice: open})
 		})
 	}
 	wg.Wait()
@@ -71,7 +173,7 @@ func world(t testing.TB, n int, nodeOf func(rank int) int) []*Comm {
 		}
 		wg.Wait()
 	})
-	return comms
+	return comms, devs
 }
 
 // each runs f on every rank at once and fails the test with their errors.
@@ -105,20 +207,21 @@ func pattern(seed, n int) []byte {
 // TestPairs: every rank sends to every rank (itself included) messages of
 // sizes from 0 bytes to several times the eager limit; all arrive intact,
 // in order per sender and tag.
-func TestPairs(t *testing.T) { pairs(t, world(t, 4, nil)) }
+func TestPairs(t *testing.T) { onLayouts(t, testPairs) }
 
-// TestPairsNoPull: the same when large messages cannot be pulled and are
-// pushed through the rings.
+// TestPairsNoPull: the same on one node when large messages cannot be
+// pulled and are pushed through the rings.
 func TestPairsNoPull(t *testing.T) {
 	noPull = true
 	defer func() { noPull = false }()
-	pairs(t, world(t, 4, nil))
+	testPairs(t, layout{name: "OneNode"})
 }
 
 // noPull makes world's ranks push large messages instead of pulling them.
 var noPull bool
 
-func pairs(t *testing.T, comms []*Comm) {
+func testPairs(t *testing.T, l layout) {
+	comms := worldOn(t, 4, l)
 	sizes := []int{0, 1, 100, 8 << 10, 8<<10 + 1, 100 << 10, 1 << 20}
 	each(t, comms, func(ctx context.Context, c *Comm) error {
 		var reqs []*Request
@@ -160,8 +263,10 @@ func pairs(t *testing.T, comms []*Comm) {
 // TestOrderAndWildcards: many messages on two tags from every rank to
 // rank 0, received with AnySource/AnyTag, keep their order per (source,
 // tag); statuses say who sent what.
-func TestOrderAndWildcards(t *testing.T) {
-	comms := world(t, 3, nil)
+func TestOrderAndWildcards(t *testing.T) { onLayouts(t, testOrderAndWildcards) }
+
+func testOrderAndWildcards(t *testing.T, l layout) {
+	comms := worldOn(t, 4, l)
 	const per = 200
 	each(t, comms, func(ctx context.Context, c *Comm) error {
 		if c.Rank() != 0 {
@@ -200,9 +305,14 @@ func TestOrderAndWildcards(t *testing.T) {
 // TestTruncateProbeSelf: a receive shorter than its message gets its first
 // bytes and ErrTruncate (eager and rendezvous); Probe and Iprobe see a
 // message without taking it; a rank sends to itself.
-func TestTruncateProbeSelf(t *testing.T) {
-	comms := world(t, 2, nil)
+func TestTruncateProbeSelf(t *testing.T) { onLayouts(t, testTruncateProbeSelf) }
+
+func testTruncateProbeSelf(t *testing.T, l layout) {
+	comms := worldOn(t, 4, l)
 	each(t, comms, func(ctx context.Context, c *Comm) error {
+		if c.Rank() > 1 {
+			return nil
+		}
 		if c.Rank() == 1 {
 			for _, n := range []int{100, 200 << 10, 33} {
 				if err := c.Send(ctx, pattern(n, n), 0, 9); err != nil {
@@ -260,8 +370,14 @@ func TestTruncateProbeSelf(t *testing.T) {
 
 // TestSplit: Split by parity with reversed keys, Dup and SplitByNode make
 // communicators whose traffic stays apart from the world's.
-func TestSplit(t *testing.T) {
-	comms := world(t, 4, func(r int) int { return 0 })
+func TestSplit(t *testing.T) { onLayouts(t, testSplit) }
+
+func testSplit(t *testing.T, l layout) {
+	comms := worldOn(t, 4, l)
+	nodeOf := l.nodeOf
+	if nodeOf == nil {
+		nodeOf = func(int) int { return 0 }
+	}
 	each(t, comms, func(ctx context.Context, w *Comm) error {
 		half, err := w.Split(ctx, w.Rank()%2, -w.Rank())
 		if err != nil {
@@ -275,7 +391,16 @@ func TestSplit(t *testing.T) {
 			return err
 		}
 		node, err := w.SplitByNode(ctx)
-		if err != nil || node.Size() != 4 || node.Rank() != w.Rank() {
+		size, rank := 0, 0
+		for r := range 4 {
+			if nodeOf(r) == nodeOf(w.Rank()) {
+				if r < w.Rank() {
+					rank++
+				}
+				size++
+			}
+		}
+		if err != nil || node.Size() != size || node.Rank() != rank {
 			return fmt.Errorf("split by node: %v", err)
 		}
 		none, err := w.Split(ctx, Undefined, 0)
@@ -313,11 +438,13 @@ func TestSplit(t *testing.T) {
 
 // TestManyOutstanding: thousands of non-blocking sends and receives in
 // flight at once, more than the rings hold, complete with Waitany.
-func TestManyOutstanding(t *testing.T) {
-	comms := world(t, 2, nil)
+func TestManyOutstanding(t *testing.T) { onLayouts(t, testManyOutstanding) }
+
+func testManyOutstanding(t *testing.T, l layout) {
+	comms := worldOn(t, 4, l)
 	const n = 3000
 	each(t, comms, func(ctx context.Context, c *Comm) error {
-		peer := 1 - c.Rank()
+		peer := c.Rank() ^ 1
 		var reqs []*Request
 		for i := range n {
 			b := make([]byte, 512)
@@ -348,12 +475,21 @@ func TestManyOutstanding(t *testing.T) {
 	})
 }
 
-// TestOtherNode: a rank of another node is not reachable yet: the send
-// says so.
-func TestOtherNode(t *testing.T) {
-	comms := world(t, 2, func(r int) int { return r })
-	if _, err := comms[0].Isend([]byte("x"), 1, 0); !errors.Is(err, transport.ErrUnreachable) {
-		t.Fatalf("send to another node: %v", err)
+// TestTransportChoice: XRC is refused with a clear error; an unknown
+// transport or connection mode too.
+func TestTransportChoice(t *testing.T) {
+	for _, tc := range []struct{ transport, connect, want string }{
+		{"xrc", "", "not implemented"},
+		{"tcp", "", "unknown transport"},
+		{"rc", "sometimes", "unknown connection mode"},
+	} {
+		_, err := chooseFabric(&Config{Transport: tc.transport, Connect: tc.connect}, &bootstrap.Env{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s/%s: %v", tc.transport, tc.connect, err)
+		}
+	}
+	if f, err := chooseFabric(&Config{}, &bootstrap.Env{Transport: "auto", Connect: "lazy"}); err != nil || f.transport != "rc" || !f.lazy {
+		t.Errorf("auto, lazy: %+v, %v", f, err)
 	}
 }
 

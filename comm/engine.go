@@ -10,6 +10,7 @@ import (
 
 	"github.com/xrcrun/xrc/transport"
 	"github.com/xrcrun/xrc/transport/shm"
+	"github.com/xrcrun/xrc/verbs"
 )
 
 // engine is a process's progress engine: its transports, the matching
@@ -23,6 +24,7 @@ type engine struct {
 	log    *slog.Logger
 	rank   int // world rank
 	shm    *shm.Transport
+	dev    *verbs.Context        // the verbs device of the RC transport, closed by Finalize; nil if none
 	trs    []transport.Transport // distinct transports, for progress
 	routes []transport.Transport // by world rank; nil: unreachable
 	nodes  []int                 // node of each world rank
@@ -218,7 +220,11 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 		}
 	}()
 	idleSince := time.Now()
+	bell := e.shm.Bell()
 	for i := 0; ; i++ {
+		// The bell's count before looking: a Kick (a completion of another
+		// transport) after it makes the sleep below return at once.
+		seq := bell.Seq()
 		e.mu.Lock()
 		n, err := e.progress()
 		e.mu.Unlock()
@@ -253,7 +259,7 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 		if stop == nil {
 			stop = context.AfterFunc(ctx, func() { e.shm.Bell().Kick() })
 		}
-		if err := e.shm.Bell().Wait(10 * time.Millisecond); err != nil {
+		if err := bell.WaitFrom(seq, 10*time.Millisecond); err != nil {
 			return err
 		}
 		idleSince = time.Time{}

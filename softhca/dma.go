@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/xrcrun/xrc/internal/racedma"
 	"github.com/xrcrun/xrc/softhca/roce"
 )
 
@@ -22,6 +23,7 @@ func (m *mr) read(va uint64, dst []byte) bool {
 	off := va - m.iova
 	if m.view != nil {
 		copy(dst, m.view[off:])
+		racedma.Release()
 		return true
 	}
 	return m.client.mem.read(m.addr+off, dst) == nil
@@ -35,6 +37,7 @@ func (m *mr) write(va uint64, src []byte) bool {
 	off := va - m.iova
 	if m.view != nil {
 		copy(m.view[off:], src)
+		racedma.Release()
 		return true
 	}
 	return m.client.mem.write(m.addr+off, src) == nil

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/xrcrun/xrc/internal/racedma"
 )
 
 // CompChannel delivers completion events of the CQs attached to it.
@@ -103,7 +105,13 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 // Poll fills wc with up to len(wc) completions, oldest first, and returns how
 // many it filled. It does not block or allocate.
 func (cq *CQ) Poll(wc []WorkCompletion) (int, error) {
-	return cq.ops.Poll(wc)
+	n, err := cq.ops.Poll(wc)
+	if n > 0 {
+		// The memory the completed requests named is the program's
+		// again (for the race detector: an in-process device copied it).
+		racedma.Acquire()
+	}
+	return n, err
 }
 
 // RequestNotify arms the CQ: the next completion (with solicitedOnly, the

@@ -120,8 +120,16 @@ func (in *Inbox) Pending() bool {
 // Wait sleeps until a sender rings the bell, Kick is called, or d passes
 // (d <= 0: no limit), unless a frame is pending already. Senders only ring
 // the bell while the owner sleeps, so a busy inbox costs them nothing.
-func (in *Inbox) Wait(d time.Duration) error {
-	v := in.bell.Load()
+func (in *Inbox) Wait(d time.Duration) error { return in.WaitFrom(in.Seq(), d) }
+
+// Seq is the bell's count of rings: a caller that reads it before it looks
+// for work and passes it to WaitFrom misses no Kick that came in between.
+func (in *Inbox) Seq() uint32 { return in.bell.Load() }
+
+// WaitFrom is Wait that also returns at once if the bell has rung since
+// it read seq (Seq).
+func (in *Inbox) WaitFrom(seq uint32, d time.Duration) error {
+	v := seq
 	in.sleep.Store(1)
 	var err error
 	if !in.Pending() {

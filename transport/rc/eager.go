@@ -1,0 +1,138 @@
+package rc
+
+import (
+	"fmt"
+
+	"github.com/xrcrun/xrc/internal/unix"
+	"github.com/xrcrun/xrc/verbs"
+)
+
+// Work request ids: the kind in the top byte, an index below.
+const (
+	wrRecv   uint64 = 1 << 56 // index: the receive buffer
+	wrSend   uint64 = 2 << 56 // index: the send slot, or noSlot (inline)
+	wrCredit uint64 = 3 << 56 // a credit message
+	wrRead   uint64 = 4 << 56 // index: the read operation
+	wrKind   uint64 = 0xff << 56
+	noSlot          = 1<<32 - 1
+)
+
+// Credits travel in the immediate data of every SEND: the low 31 bits are
+// how many frames of the receiver the sender has consumed (modulo 2^31);
+// the top bit marks a credit message, which carries no frame and consumes
+// no credit.
+const (
+	creditMask = 1<<31 - 1
+	creditOnly = 1 << 31
+)
+
+func (p *peer) outstanding() uint32 { return (p.sent - p.peerFreed) & creditMask }
+
+// TrySend sends one frame (the parts, concatenated) to rank as a
+// SEND_WITH_IMM. It returns false when the peer has no buffer for it by
+// this rank's credits, the QP's send queue is full, no send buffer is free
+// or the QP is still connecting. Frames up to the inline size are copied
+// into the work request; larger ones into a registered send buffer. The
+// parts are free when TrySend returns.
+func (t *Transport) TrySend(rank int, parts ...[]byte) (bool, error) {
+	p, err := t.peer(rank)
+	if err != nil {
+		return false, err
+	}
+	total := 0
+	for _, b := range parts {
+		total += len(b)
+	}
+	if total > t.cfg.EagerSize {
+		return false, fmt.Errorf("rc: frame of %d bytes to rank %d: at most %d", total, rank, t.cfg.EagerSize)
+	}
+	if ok, err := t.ready(p); !ok {
+		return false, err
+	}
+	if p.outstanding() >= t.credits {
+		t.m.creditStalls.Inc()
+		return false, nil
+	}
+	// One send queue entry stays free for a credit message.
+	if p.sqUsed >= t.cfg.SendDepth-1 {
+		t.m.queueStalls.Inc()
+		return false, nil
+	}
+	wr := verbs.SendWR{Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled, Imm: p.freed & creditMask}
+	var sges [8]verbs.SGE
+	slot := uint32(noSlot)
+	if total <= t.inline && len(parts) <= len(sges) {
+		wr.Flags |= verbs.SendInline
+		wr.SG = sges[:0]
+		for _, b := range parts {
+			if len(b) > 0 {
+				wr.SG = append(wr.SG, verbs.SGE{Addr: uint64(unix.AddrOf(b)), Length: uint32(len(b))})
+			}
+		}
+	} else {
+		var ok bool
+		if slot, ok = t.send.get(); !ok {
+			t.m.queueStalls.Inc()
+			return false, nil
+		}
+		buf, off := t.send.buf(slot), 0
+		for _, b := range parts {
+			off += copy(buf[off:], b)
+		}
+		if total > 0 {
+			sges[0] = t.send.mr.SGE(int(slot)*t.send.size, total)
+			wr.SG = sges[:1]
+		}
+	}
+	wr.WRID = wrSend | uint64(slot)
+	if err := p.qp.PostSend(&wr); err != nil {
+		if slot != noSlot {
+			t.send.put(slot)
+		}
+		err = peerError(p, "send: %w", err)
+		t.fail(p, err)
+		return false, err
+	}
+	p.sqUsed++
+	p.sent++
+	p.announced = p.freed
+	t.m.sentFrames.Inc()
+	t.m.sentBytes.Add(float64(total))
+	return true, nil
+}
+
+// ready reports whether p's QP can take work now, starting a lazy
+// connection if it has none, and p's error if it failed.
+func (t *Transport) ready(p *peer) (bool, error) {
+	switch p.state {
+	case peerReady:
+		return true, nil
+	case peerFailed:
+		return false, p.err
+	case peerIdle:
+		if t.lz == nil {
+			return false, peerError(p, "not connected")
+		}
+		if err := t.lz.start(p); err != nil {
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+// returnCredits sends p a credit message if this rank consumed enough of
+// its frames since it last said so. Called by Progress for dirty peers.
+func (t *Transport) returnCredits(p *peer) {
+	if p.state != peerReady || (p.freed-p.announced)&creditMask < t.refund || p.sqUsed >= t.cfg.SendDepth {
+		return
+	}
+	wr := verbs.SendWR{WRID: wrCredit, Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled | verbs.SendInline,
+		Imm: creditOnly | p.freed&creditMask}
+	if err := p.qp.PostSend(&wr); err != nil {
+		t.fail(p, peerError(p, "credit message: %w", err))
+		return
+	}
+	p.sqUsed++
+	p.announced = p.freed
+	t.m.creditMsgs.Inc()
+}

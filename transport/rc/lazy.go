@@ -1,0 +1,145 @@
+package rc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/xrcrun/xrc/bootstrap"
+)
+
+// Lazy connection. Every rank has a mailbox in the bootstrap server's
+// write-once key space: the keys "rc/mbox/RANK/0", "rc/mbox/RANK/1", …,
+// each holding one connection request (a hello: sender rank, the QPN it
+// made for the mailbox's owner, its first PSN).
+//
+//   - A rank that first needs a peer (TrySend or Read) makes its QP for it
+//     (INIT) and puts a hello in the peer's mailbox, in the first slot free
+//     (Put of a taken key fails with ErrKeyExists: the next one is tried).
+//   - Each rank reads its own mailbox in order, one Get at a time, in a
+//     goroutine. For a hello from a peer it has no QP for, it makes one
+//     and puts its own hello in the sender's mailbox; then (in either case)
+//     it brings its QP to RTS toward the QPN of the hello.
+//
+// So each side of a connection puts exactly one hello and reads exactly
+// one, whoever started, and two ranks that start at once simply cross.
+// The side that answers reaches RTS first; a frame it sends before the
+// starter is at RTR is retransmitted by RC. Only the bootstrap goroutines
+// block; the verbs work happens in Progress (apply).
+type lazy struct {
+	t    *Transport
+	boot *bootstrap.Client
+	ctx  context.Context // the transport's: ends at Close
+
+	// connected is set once Connect has the records that hellos refer to.
+	connected atomic.Bool
+
+	mu     sync.Mutex
+	hellos []hello       // guarded by mu: read from the mailbox, not applied yet
+	failed map[int]error // guarded by mu: peers whose hello could not be put
+}
+
+func mailboxKey(rank, slot int) string { return fmt.Sprintf("rc/mbox/%d/%d", rank, slot) }
+
+// start makes p's QP and sends the peer a hello. Called by the goroutine
+// driving the transport.
+func (l *lazy) start(p *peer) error {
+	if p.state != peerIdle {
+		return nil
+	}
+	if err := l.t.createQP(p); err != nil {
+		err = peerError(p, "lazy connect: %w", err)
+		l.t.fail(p, err)
+		return err
+	}
+	p.state = peerConnecting
+	h := hello{rank: l.t.cfg.Rank, qpn: p.qp.Num(), psn: p.psn}
+	l.t.wg.Go(func() { l.put(p.rank, h) })
+	return nil
+}
+
+// put puts h in rank's mailbox, in its first free slot.
+func (l *lazy) put(rank int, h hello) {
+	val := h.encode()
+	for slot := 0; ; slot++ {
+		err := l.boot.Put(l.ctx, mailboxKey(rank, slot), val)
+		if err == nil {
+			return
+		}
+		if errors.Is(err, bootstrap.ErrKeyExists) {
+			continue
+		}
+		if l.ctx.Err() == nil {
+			l.mu.Lock()
+			l.failed[rank] = err
+			l.mu.Unlock()
+			l.t.cfg.Kick()
+		}
+		return
+	}
+}
+
+// readMailbox takes this rank's hellos in order until ctx ends.
+func (l *lazy) readMailbox(ctx context.Context) {
+	for slot := 0; ; slot++ {
+		v, err := l.boot.Get(ctx, mailboxKey(l.t.cfg.Rank, slot))
+		if err != nil {
+			if ctx.Err() == nil {
+				l.t.log.Error("lazy connect: mailbox", "err", err)
+			}
+			return
+		}
+		h, err := parseHello(v, l.t.n)
+		if err != nil {
+			l.t.m.bad.Inc()
+			l.t.log.Warn("lazy connect: dropped a request", "slot", slot, "err", err)
+			continue
+		}
+		l.mu.Lock()
+		l.hellos = append(l.hellos, h)
+		l.mu.Unlock()
+		l.t.cfg.Kick()
+	}
+}
+
+// apply connects the QPs of the hellos that came, and fails the peers
+// whose hello could not be put. Called by Progress.
+func (l *lazy) apply() {
+	if !l.connected.Load() {
+		return
+	}
+	l.mu.Lock()
+	hs, failed := l.hellos, l.failed
+	l.hellos = nil
+	if len(failed) > 0 {
+		l.failed = map[int]error{}
+	}
+	l.mu.Unlock()
+	t := l.t
+	for rank, err := range failed {
+		if p := t.peers[rank]; p != nil {
+			t.fail(p, peerError(p, "lazy connect: %w", err))
+		}
+	}
+	for _, h := range hs {
+		p := t.peers[h.rank]
+		if p == nil || p.state == peerReady {
+			t.m.bad.Inc()
+			t.log.Warn("lazy connect: unexpected request", "from", h.rank)
+			continue
+		}
+		if p.state == peerFailed {
+			continue
+		}
+		if err := l.start(p); err != nil {
+			continue
+		}
+		if err := t.bringUp(p, h.qpn, h.psn); err != nil {
+			t.fail(p, err)
+			continue
+		}
+		t.markDirty(p)
+	}
+}

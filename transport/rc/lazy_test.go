@@ -1,0 +1,100 @@
+package rc
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/xrcrun/xrc/bootstrap"
+	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/verbs"
+)
+
+// clients joins n ranks to a rendezvous server of their own.
+func clients(t *testing.T, n int) []*bootstrap.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	key := make([]byte, 32)
+	rand.Read(key)
+	srv, err := bootstrap.Listen(ctx, "127.0.0.1:0", bootstrap.ServerConfig{Size: n, Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ctx)
+	t.Cleanup(func() { srv.Close() })
+	cs := make([]*bootstrap.Client, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() {
+			cs[r], errs[r] = bootstrap.Join(ctx, srv.Addr(), key, bootstrap.Member{Rank: r, Node: r}, n, bootstrap.ClientConfig{})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	// Transports close first (their cleanups run earlier: registered later).
+	for _, c := range cs {
+		t.Cleanup(func() { c.Close() })
+	}
+	return cs
+}
+
+// TestLazy: with lazy connection no QP exists before the first frame;
+// frames both ways (both ranks start at once), then a read, connect each
+// pair once; a rank that talks to nobody makes no QP.
+func TestLazy(t *testing.T) {
+	cs := clients(t, 3)
+	var ctxs []*verbs.Context
+	for range 3 {
+		_, c := newDevice(t, softhca.Faults{})
+		ctxs = append(ctxs, c)
+	}
+	ends := job(t, ctxs, func(c *Config) { c.Lazy, c.Bootstrap = true, cs[c.Rank] })
+	for _, e := range ends {
+		if st := e.tr.Stats(); st.QPs != 0 {
+			t.Fatalf("stats before traffic: %+v", st)
+		}
+	}
+	pair := ends[:2]
+	stream(t, pair, 500)
+	src := pattern(9, 3<<20)
+	rm, err := ends[1].tr.Expose(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, len(src))
+	if err := ends[0].tr.Read(1, dst, rm, 1); err != nil {
+		t.Fatal(err)
+	}
+	progress(t, pair, func() bool { _, ok := ends[0].h.reads[1]; return ok })
+	if err := ends[0].h.reads[1]; err != nil || !bytes.Equal(dst, src) {
+		t.Fatalf("read: %v", err)
+	}
+	// A read toward a rank not connected yet waits for the connection.
+	dst2 := make([]byte, 100)
+	src2 := pattern(3, 100)
+	rm2, err := ends[2].tr.Expose(src2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ends[1].tr.Read(2, dst2, rm2, 2); err != nil {
+		t.Fatal(err)
+	}
+	progress(t, ends, func() bool { _, ok := ends[1].h.reads[2]; return ok })
+	if err := ends[1].h.reads[2]; err != nil || !bytes.Equal(dst2, src2) {
+		t.Fatalf("read: %v", err)
+	}
+	want := []int{1, 2, 1}
+	for i, e := range ends {
+		if st := e.tr.Stats(); st.QPs != want[i] || st.Connected != want[i] || st.HandshakeTime <= 0 || st.SetupTime <= 0 {
+			t.Errorf("rank %d: %+v, want %d QPs", i, st, want[i])
+		}
+	}
+}

@@ -1,0 +1,160 @@
+package rc
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/xrcrun/xrc/internal/unix"
+	"github.com/xrcrun/xrc/verbs"
+)
+
+// regCache keeps memory regions of the buffers given to Expose and Read,
+// so that a buffer used again (a program's send and receive buffers
+// usually are) is not registered again. An entry is found by the pages it
+// covers and matches any range inside the bytes it registered (the exact
+// slice: Go memory around it may belong to other objects, which must not
+// be pinned). Entries in use are counted; unused ones stay registered —
+// which pins their memory, keeping its addresses valid — up to maxIdle
+// entries and maxIdleBytes, the least recently used going first. Owned by
+// the goroutine calling the transport.
+type regCache struct {
+	pd      *verbs.PD
+	byPage  map[uintptr][]*regEntry // by every page an entry covers
+	entries int
+	idle    []*regEntry // unused, least recently used first
+	idleLen int
+	bytes   int64 // registered by the cache
+}
+
+type regEntry struct {
+	addr  uintptr
+	n     int
+	mr    *verbs.MR
+	users int
+}
+
+const (
+	maxIdle      = 64
+	maxIdleBytes = 256 << 20
+	// Entries are indexed by page for the lookup; a huge buffer is
+	// indexed by its first page only, and found only from there.
+	maxIndexedPages = 1024
+)
+
+var pageSize = uintptr(os.Getpagesize())
+
+func newRegCache(pd *verbs.PD) *regCache {
+	return &regCache{pd: pd, byPage: map[uintptr][]*regEntry{}}
+}
+
+func (c *regCache) pages(addr uintptr, n int) (first, last uintptr) {
+	first = addr &^ (pageSize - 1)
+	last = (addr + uintptr(n) - 1) &^ (pageSize - 1)
+	if (last-first)/pageSize >= maxIndexedPages {
+		last = first
+	}
+	return first, last
+}
+
+// get returns a registration covering buf (not empty), counting a user.
+func (c *regCache) get(buf []byte) (*regEntry, error) {
+	addr := unix.AddrOf(buf)
+	first, _ := c.pages(addr, len(buf))
+	for _, e := range c.byPage[first] {
+		if e.addr <= addr && addr+uintptr(len(buf)) <= e.addr+uintptr(e.n) {
+			if e.users == 0 {
+				c.unidle(e)
+			}
+			e.users++
+			return e, nil
+		}
+	}
+	mr, err := c.pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteRead)
+	if err != nil {
+		return nil, fmt.Errorf("rc: register %d bytes: %w", len(buf), err)
+	}
+	e := &regEntry{addr: addr, n: len(buf), mr: mr, users: 1}
+	f, l := c.pages(addr, len(buf))
+	for pg := f; pg <= l; pg += pageSize {
+		c.byPage[pg] = append(c.byPage[pg], e)
+	}
+	c.entries++
+	c.bytes += int64(len(buf))
+	return e, nil
+}
+
+// find returns the entry whose region is rkey and covers [addr, addr+n).
+func (c *regCache) find(addr uintptr, n int, rkey uint32) *regEntry {
+	first, _ := c.pages(addr, max(n, 1))
+	for _, e := range c.byPage[first] {
+		if e.mr.RKey() == rkey && e.addr <= addr && addr+uintptr(n) <= e.addr+uintptr(e.n) && e.users > 0 {
+			return e
+		}
+	}
+	return nil
+}
+
+// put drops a user of e; an unused entry is kept while the cache has room.
+func (c *regCache) put(e *regEntry) error {
+	e.users--
+	if e.users > 0 {
+		return nil
+	}
+	c.idle = append(c.idle, e)
+	c.idleLen += e.n
+	var errs []error
+	for len(c.idle) > maxIdle || c.idleLen > maxIdleBytes {
+		errs = append(errs, c.drop(c.idle[0]))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *regCache) unidle(e *regEntry) {
+	for i, x := range c.idle {
+		if x == e {
+			c.idle = append(c.idle[:i], c.idle[i+1:]...)
+			c.idleLen -= e.n
+			return
+		}
+	}
+}
+
+// drop deregisters an unused entry.
+func (c *regCache) drop(e *regEntry) error {
+	c.unidle(e)
+	f, l := c.pages(e.addr, e.n)
+	for pg := f; pg <= l; pg += pageSize {
+		list := c.byPage[pg]
+		for i, x := range list {
+			if x == e {
+				list = append(list[:i], list[i+1:]...)
+				break
+			}
+		}
+		if len(list) == 0 {
+			delete(c.byPage, pg)
+		} else {
+			c.byPage[pg] = list
+		}
+	}
+	c.entries--
+	c.bytes -= int64(e.n)
+	return e.mr.Close()
+}
+
+// close deregisters every entry, in use or not.
+func (c *regCache) close() error {
+	seen := map[*regEntry]bool{}
+	var errs []error
+	for _, list := range c.byPage {
+		for _, e := range list {
+			if !seen[e] {
+				seen[e] = true
+				errs = append(errs, e.mr.Close())
+			}
+		}
+	}
+	c.byPage, c.idle, c.idleLen, c.entries, c.bytes = map[uintptr][]*regEntry{}, nil, 0, 0, 0
+	return errors.Join(errs...)
+}

@@ -1,0 +1,73 @@
+package rc
+
+import (
+	"testing"
+
+	"github.com/xrcrun/xrc/softhca"
+)
+
+// TestRegCache: a buffer registered again, or a range inside it, hits
+// the cache; unused entries stay until more than maxIdle are unused,
+// the least recently used going first; Unexpose finds entries by rkey.
+func TestRegCache(t *testing.T) {
+	_, c := newDevice(t, softhca.Faults{})
+	pd, err := c.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pd.Close()
+	rc := newRegCache(pd)
+	defer func() {
+		if err := rc.close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	big := make([]byte, 3*int(pageSize)+100)
+	e, err := rc.get(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := rc.get(big[2*pageSize+5 : 2*pageSize+50])
+	if err != nil || inner != e || e.users != 2 {
+		t.Fatalf("a range inside a registered buffer: %v, same entry %v, %d users", err, inner == e, e.users)
+	}
+	if f := rc.find(e.addr, e.n, e.mr.RKey()); f != e {
+		t.Fatal("find by rkey")
+	}
+	if f := rc.find(e.addr, e.n, e.mr.RKey()+1); f != nil {
+		t.Fatal("find with a wrong rkey")
+	}
+	rc.put(e)
+	rc.put(e)
+	if rc.entries != 1 || len(rc.idle) != 1 {
+		t.Fatalf("%d entries, %d idle", rc.entries, len(rc.idle))
+	}
+	if f := rc.find(e.addr, e.n, e.mr.RKey()); f != nil {
+		t.Fatal("find an unused entry: Unexpose twice would succeed")
+	}
+	// Reuse takes the entry out of the idle list.
+	if again, _ := rc.get(big); again != e || len(rc.idle) != 0 {
+		t.Fatal("reuse of an idle entry")
+	}
+	rc.put(e)
+	// More unused buffers than the cache keeps: the oldest go.
+	bufs := make([][]byte, maxIdle+5)
+	for i := range bufs {
+		bufs[i] = make([]byte, 64)
+		x, err := rc.get(bufs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rc.put(x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(rc.idle) != maxIdle || rc.entries != maxIdle {
+		t.Fatalf("%d idle of %d entries, want %d", len(rc.idle), rc.entries, maxIdle)
+	}
+	for _, x := range rc.byPage[e.addr&^(pageSize-1)] {
+		if x == e {
+			t.Fatal("the least recently used entry is still cached")
+		}
+	}
+}

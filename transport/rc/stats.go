@@ -1,0 +1,49 @@
+package rc
+
+import "time"
+
+// Stats describes what the transport holds, for the connection report.
+type Stats struct {
+	QPs  int // RC QPs made (connected or connecting)
+	SRQs int
+	// Connected is the number of QPs in RTS.
+	Connected int
+	// RegisteredBytes is the memory registered: receive and send buffers
+	// and the registration cache's regions.
+	RegisteredBytes int64
+	// CachedRegions is the number of regions in the registration cache.
+	CachedRegions int
+	// QueueBytes estimates the queue memory of the QPs, the SRQ and the
+	// CQ, from the layout of the mlx4 provider: send WQEs of 128 bytes
+	// (control segment, two data segments or 96 inline bytes), SRQ WQEs
+	// of 32 bytes (next segment and one data segment), CQEs of 32 bytes.
+	QueueBytes int64
+	// SetupTime is the time spent making QPs and taking them to RTS;
+	// HandshakeTime, with lazy connection, the time from a peer's first
+	// need to its QP at RTS, summed over peers.
+	SetupTime, HandshakeTime time.Duration
+}
+
+// Queue entry sizes of the estimate in Stats.
+const (
+	sendWQEBytes = 128
+	srqWQEBytes  = 32
+	cqeBytes     = 32
+)
+
+// Stats reports the transport's objects and memory. Call it from the
+// goroutine that drives the transport.
+func (t *Transport) Stats() Stats {
+	s := Stats{SRQs: 1, CachedRegions: t.cache.entries, SetupTime: t.setupTime, HandshakeTime: t.handshake}
+	for _, p := range t.peers {
+		if p != nil && p.qp != nil {
+			s.QPs++
+			if p.state == peerReady {
+				s.Connected++
+			}
+		}
+	}
+	s.RegisteredBytes = int64(len(t.recv.mem)+len(t.send.mem)) + t.cache.bytes
+	s.QueueBytes = int64(s.QPs*t.cfg.SendDepth*sendWQEBytes + t.recv.n*srqWQEBytes + t.cq.CQE()*cqeBytes)
+	return s
+}
