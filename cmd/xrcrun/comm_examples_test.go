@@ -1,9 +1,12 @@
 package main
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/xrcrun/xrc/comm"
 )
 
 // TestLaunchCommExamples runs the comm examples as jobs of real processes
@@ -24,6 +27,42 @@ func TestLaunchCommExamples(t *testing.T) {
 		}
 		if out := j.out(); !strings.Contains(out, c.want) {
 			t.Fatalf("%v: output %q does not say %q", c.args, out, c.want)
+		}
+	}
+}
+
+// TestConnectionReport runs 16 ranks on 4 emulated nodes over RC: with
+// eager connection alltoall's report shows c²(N−1) = 48 RC QPs per node;
+// with lazy connection a ring only connects neighbours: the two ring
+// links that leave each node.
+func TestConnectionReport(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args  []string
+		rcQPs int
+	}{
+		{[]string{"-n", "16", "--nodes", "4", "--transport", "rc", "--connect", "eager", "./examples/alltoall", "-max", "65536", "-json"}, 48},
+		{[]string{"-n", "16", "--nodes", "4", "--transport", "rc", "--connect", "lazy", "./examples/ring", "-n", "5", "-json"}, 2},
+	} {
+		j := startJob(t, "../..", nil, c.args...)
+		if st := j.wait(5 * time.Minute); st != 0 {
+			t.Fatalf("%v: exit status %d\n%s", c.args, st, j.stderr.String())
+		}
+		var nodes []comm.NodeReport
+		for _, line := range strings.Split(j.out(), "\n") {
+			if strings.HasPrefix(line, "[") {
+				if err := json.Unmarshal([]byte(line), &nodes); err != nil {
+					t.Fatalf("%v: %v in %q", c.args, err, line)
+				}
+			}
+		}
+		if len(nodes) != 4 {
+			t.Fatalf("%v: report of %d nodes:\n%s", c.args, len(nodes), j.out())
+		}
+		for _, n := range nodes {
+			if n.Ranks != 4 || n.RCQPs != c.rcQPs || n.INIQPs != 0 || n.TGTQPs != 0 || n.SRQs != 4 || n.QueueBytes <= 0 {
+				t.Errorf("%v: node %+v, want 4 ranks, %d RC QPs, 4 SRQs", c.args, n, c.rcQPs)
+			}
 		}
 	}
 }

@@ -1,12 +1,16 @@
 // Command alltoall has every rank send a checksummed message to every
 // other rank and verify everything it receives, for each message size
-// from -min to -max (doubling), -n times.
+// from -min to -max (doubling), -n times. With -report it then prints, per
+// node, the connections the job made (QPs by type, SRQs, queue memory,
+// connect time) next to what RC and XRC need by formula; -json prints the
+// same as one JSON array.
 //
-//	xrcrun -n 16 --nodes 4 ./examples/alltoall -max 4194304
+//	xrcrun -n 16 --nodes 4 --transport xrc ./examples/alltoall -max 4194304 -report
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,8 +28,10 @@ func main() {
 	minSize := flag.Int("min", 0, "smallest message, bytes")
 	maxSize := flag.Int("max", 1<<20, "largest message, bytes")
 	iters := flag.Int("n", 1, "rounds per size")
+	report := flag.Bool("report", false, "print the connection report per node")
+	asJSON := flag.Bool("json", false, "print the connection report as JSON")
 	flag.Parse()
-	if err := run(context.Background(), *minSize, *maxSize, *iters); err != nil {
+	if err := run(context.Background(), *minSize, *maxSize, *iters, *report, *asJSON); err != nil {
 		fmt.Fprintln(os.Stderr, "alltoall:", err)
 		os.Exit(1)
 	}
@@ -44,7 +50,7 @@ func message(src, dst, size, round int) []byte {
 	return b
 }
 
-func run(ctx context.Context, minSize, maxSize, iters int) error {
+func run(ctx context.Context, minSize, maxSize, iters int, report, asJSON bool) error {
 	w, err := comm.Init(ctx, comm.Config{})
 	if err != nil {
 		return err
@@ -102,6 +108,21 @@ func run(ctx context.Context, minSize, maxSize, iters int) error {
 	if rank == 0 {
 		fmt.Printf("alltoall: %d ranks, sizes %d..%d bytes, %d rounds each: every checksum right (%.1f MB received per rank in %v)\n",
 			n, minSize, maxSize, iters, float64(bytes)/1e6, time.Since(start).Round(time.Millisecond))
+	}
+	if report || asJSON {
+		nodes, err := w.NodeReports(ctx)
+		if err != nil {
+			return err
+		}
+		if rank == 0 {
+			if asJSON {
+				if err := json.NewEncoder(os.Stdout).Encode(nodes); err != nil {
+					return err
+				}
+			} else {
+				comm.PrintReport(os.Stdout, nodes)
+			}
+		}
 	}
 	return w.Finalize(ctx)
 }

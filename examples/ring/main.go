@@ -8,6 +8,8 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -19,14 +21,16 @@ import (
 func main() {
 	laps := flag.Int("n", 10, "times around the ring")
 	size := flag.Int("s", 8, "bytes in the token (at least 8)")
+	report := flag.Bool("report", false, "print the connection report per node")
+	asJSON := flag.Bool("json", false, "print the connection report as JSON")
 	flag.Parse()
-	if err := run(context.Background(), *laps, max(*size, 8)); err != nil {
+	if err := run(context.Background(), *laps, max(*size, 8), *report, *asJSON); err != nil {
 		fmt.Fprintln(os.Stderr, "ring:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, laps, size int) error {
+func run(ctx context.Context, laps, size int, report, asJSON bool) error {
 	w, err := comm.Init(ctx, comm.Config{})
 	if err != nil {
 		return err
@@ -61,6 +65,18 @@ func run(ctx context.Context, laps, size int) error {
 		d := time.Since(start)
 		fmt.Printf("%d laps of %d ranks with %d bytes in %v: %.2f usec per hop\n",
 			laps, n, size, d.Round(time.Microsecond), float64(d.Microseconds())/float64(laps*n))
+	}
+	if report || asJSON {
+		nodes, err := w.NodeReports(ctx)
+		if err != nil {
+			return err
+		}
+		if rank == 0 {
+			if asJSON {
+				return errors.Join(json.NewEncoder(os.Stdout).Encode(nodes), w.Finalize(ctx))
+			}
+			comm.PrintReport(os.Stdout, nodes)
+		}
 	}
 	return w.Finalize(ctx)
 }
