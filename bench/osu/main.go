@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 
@@ -44,6 +46,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	window := fs.Int("W", 64, "sends in flight in the bandwidth test")
 	asJSON := fs.Bool("json", false, "print the results as JSON instead of the table")
 	goBench := fs.Bool("gobench", false, "print Go benchmark format lines after the table")
+	cpuProfile := fs.String("cpuprofile", "", "write each rank's CPU profile to `FILE`.RANK")
+	memProfile := fs.String("memprofile", "", "write each rank's allocation profile to `FILE`.RANK (every allocation sampled)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -78,7 +82,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// Every rank knows: no one waits for another.
 		return errors.Join(fmt.Errorf("the test takes exactly 2 ranks, not %d (xrcrun -n 2)", w.Size()), w.Finalize(ctx))
 	}
+	stop, err := profile(*cpuProfile, *memProfile, w.Rank())
+	if err != nil {
+		return errors.Join(err, w.Finalize(ctx))
+	}
 	res, pair, err := pt2pt.Run(ctx, w, t, cfg)
+	err = errors.Join(err, stop())
 	if err != nil {
 		// The other rank waits for messages that will not come: end
 		// the job rather than hang it.
@@ -101,6 +110,39 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return errors.Join(err, w.Finalize(ctx))
+}
+
+// profile starts the profiles asked for, into files named for the rank,
+// and returns the function that writes them.
+func profile(cpu, mem string, rank int) (stop func() error, err error) {
+	var f *os.File
+	if cpu != "" {
+		if f, err = os.Create(fmt.Sprintf("%s.%d", cpu, rank)); err != nil {
+			return nil, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	if mem != "" {
+		runtime.MemProfileRate = 1
+	}
+	return func() error {
+		var err error
+		if f != nil {
+			pprof.StopCPUProfile()
+			err = f.Close()
+		}
+		if mem != "" {
+			m, cerr := os.Create(fmt.Sprintf("%s.%d", mem, rank))
+			if cerr != nil {
+				return errors.Join(err, cerr)
+			}
+			err = errors.Join(err, pprof.Lookup("allocs").WriteTo(m, 0), m.Close())
+		}
+		return err
+	}, nil
 }
 
 // parseSizes reads OSU's -m argument: MAX, or MIN:MAX.
