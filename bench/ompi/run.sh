@@ -9,8 +9,10 @@
 #	bench/ompi/run.sh                  # every test on both transports
 #	bench/ompi/run.sh shm latency      # one of them: shm|tcp, latency|bw
 #
-# MAX_SIZE (default 4194304) is the largest message; MPIRUN_ARGS are
-# added to mpirun's arguments.
+# MAX_SIZE (default 4194304) is the largest message; BIND is mpirun's
+# --bind-to (default core, mpirun's own default for two ranks; xrcrun does
+# not pin ranks, BIND=none compares with that); MPIRUN_ARGS are added to
+# mpirun's arguments.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 build="${BUILD_DIR:-$(mktemp -d)}"
@@ -21,7 +23,7 @@ shm=vader
 if ompi_info --parsable 2>/dev/null | grep -q '^mca:btl:sm:'; then
 	shm=sm
 fi
-mpirun=(mpirun -n 2 --bind-to core --oversubscribe)
+mpirun=(mpirun -n 2 --bind-to "${BIND:-core}" --oversubscribe)
 [ "$(id -u)" -eq 0 ] && mpirun+=(--allow-run-as-root)
 # ob1 is the PML that uses BTLs; without it, a build with UCX may pick
 # UCX and ignore the BTL selection.
@@ -41,7 +43,7 @@ for tr in "${transports[@]}"; do
 	*) echo "run.sh: transport $tr: shm or tcp" >&2; exit 2 ;;
 	esac
 	for t in "${tests[@]}"; do
-		echo "# mpirun --mca ${btl[*]:1}; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+		echo "# mpirun --bind-to ${BIND:-core} --mca ${btl[*]:1}; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 		"${mpirun[@]}" "${btl[@]}" ${MPIRUN_ARGS:-} "$build/pingpong" "$t" "${MAX_SIZE:-4194304}"
 	done
 done
