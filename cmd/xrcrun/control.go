@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/xrcrun/xrc/softhca"
 )
 
 // The control protocol between the launcher and its node agents: one TCP
@@ -135,7 +137,10 @@ type agentSpec struct {
 	Emulated     bool          `json:"emulated,omitempty"`
 	AddrFallback bool          `json:"addr_fallback,omitempty"`
 	Grace        time.Duration `json:"grace"`
-	Verbose      bool          `json:"verbose,omitempty"`
+	// Faults are injected in the soft HCAs the agents start (node K's
+	// seeded with Seed+K).
+	Faults  softhca.Faults `json:"faults"`
+	Verbose bool           `json:"verbose,omitempty"`
 }
 
 // nodeAt is a node of the job as agents see it.

@@ -173,6 +173,7 @@ func (j *job) spec(control string) (agentSpec, func(), error) {
 		JobID: j.id, Key: j.key, Control: control, Bootstrap: j.rdv.Addr(), Size: len(j.place.Node),
 		Program: j.program, Args: j.cfg.args, Dir: cwd, Env: j.cfg.env.resolve(os.LookupEnv),
 		Transport: j.cfg.transport, Connect: j.cfg.connect, Grace: j.cfg.grace, Verbose: j.cfg.verbose,
+		Faults: j.cfg.faults,
 	}
 	for k, nd := range j.place.Nodes {
 		s.Nodes = append(s.Nodes, nodeAt{Host: nd.Host, Ranks: j.place.Ranks[k]})

@@ -13,6 +13,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/xrcrun/xrc/softhca"
 )
 
 // Environment variables the launcher reads.
@@ -34,6 +36,7 @@ type launchConfig struct {
 	tag       bool
 	timeout   time.Duration
 	transport string
+	faults    softhca.Faults // injected in the soft HCAs of emulated nodes
 	connect   string
 	baseAddr  string
 	addr      string
@@ -92,6 +95,10 @@ func launchFlags(stderr io.Writer) (*flag.FlagSet, *launchConfig) {
 	fs.StringVar(&c.addr, "addr", "", "the `address` agents and ranks reach the launcher at (default: 127.0.0.1 on one machine, else the address of the route to the first host)")
 	fs.DurationVar(&c.grace, "grace", 3*time.Second, "how long ranks have between SIGTERM and SIGKILL when the job ends early")
 	fs.BoolVar(&c.verbose, "v", false, "log what the launcher and agents do")
+	fs.Float64Var(&c.faults.Loss, "loss", 0, "fault injection in the soft HCAs the job starts: probability that a sent packet is dropped")
+	fs.Float64Var(&c.faults.Duplicate, "dup", 0, "fault injection: probability that a sent packet is duplicated")
+	fs.Float64Var(&c.faults.Reorder, "reorder", 0, "fault injection: probability that a sent packet is held back behind the next")
+	fs.Uint64Var(&c.faults.Seed, "seed", 1, "fault injection: the seed (node K's soft HCA uses seed+K)")
 	fs.BoolVar(&c.noSlurm, "no-slurm", false, "ignore a Slurm allocation: run on this machine")
 	fs.StringVar(&c.jobID, "job-id", "", "the job's `name` (XRC_JOB_ID; letters, digits, - and _, at most 32; default: random)")
 	fs.Usage = func() {

@@ -50,7 +50,9 @@ func setupDevice(ctx context.Context, spec agentSpec, node int, log *slog.Logger
 	}
 	name := fmt.Sprintf("soft-%s-%d", spec.JobID, node)
 	for _, addr := range addrs {
-		d, err := softhca.New(ctx, softhca.Config{Name: name, Addr: addr, UDP: true, SpinIdle: -1, Logger: log})
+		faults := spec.Faults
+		faults.Seed += uint64(node)
+		d, err := softhca.New(ctx, softhca.Config{Name: name, Addr: addr, UDP: true, SpinIdle: -1, Logger: log, Faults: faults})
 		if errors.Is(err, syscall.EADDRINUSE) && len(addrs) > 1 {
 			log.Debug("address in use", "addr", addr)
 			continue

@@ -1,0 +1,166 @@
+// Command osu measures comm's point-to-point latency and bandwidth between
+// two ranks as the OSU Micro-Benchmarks' osu_latency and osu_bw do, and
+// prints their tables:
+//
+//	xrcrun -n 2 ./bench/osu -test latency        # one node: shared memory
+//	xrcrun -n 2 ./bench/osu -test bw
+//	xrcrun -n 2 --nodes 2 --transport rc ./bench/osu -test latency   # between emulated nodes
+//
+// -json prints the results as JSON instead, -gobench in Go's benchmark
+// format as well. docs/benchmarks.md has the method and figures.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+
+	"github.com/xrcrun/xrc/bench/pt2pt"
+	"github.com/xrcrun/xrc/bootstrap"
+	"github.com/xrcrun/xrc/comm"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "osu:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("osu", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	test := fs.String("test", "latency", "the test: latency (ping-pong, as osu_latency) or bw (streaming, as osu_bw)")
+	sizes := fs.String("m", "", "message sizes `[MIN:]MAX` in bytes (default 0:4194304 for latency, 1:4194304 for bw)")
+	iters := fs.Int("i", 0, "timed iterations up to 8 KiB (default 10000 for latency, 100 for bw)")
+	warmup := fs.Int("x", -1, "warm-up iterations up to 8 KiB (default 100 for latency, 10 for bw)")
+	itersLarge := fs.Int("il", 0, "timed iterations above 8 KiB (default 1000 for latency, 20 for bw)")
+	warmupLarge := fs.Int("xl", -1, "warm-up iterations above 8 KiB (default 10 for latency, 2 for bw)")
+	window := fs.Int("W", 64, "sends in flight in the bandwidth test")
+	asJSON := fs.Bool("json", false, "print the results as JSON instead of the table")
+	goBench := fs.Bool("gobench", false, "print Go benchmark format lines after the table")
+	cpuProfile := fs.String("cpuprofile", "", "write each rank's CPU profile to `FILE`.RANK")
+	memProfile := fs.String("memprofile", "", "write each rank's allocation profile to `FILE`.RANK (every allocation sampled)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	t := pt2pt.Test(*test)
+	cfg := pt2pt.Defaults(t)
+	if *sizes != "" {
+		lo, hi, err := parseSizes(*sizes, cfg.MinSize)
+		if err != nil {
+			return err
+		}
+		cfg.MinSize, cfg.MaxSize = lo, hi
+	}
+	set := func(dst *int, v, unset int) {
+		if v != unset {
+			*dst = v
+		}
+	}
+	set(&cfg.Iters, *iters, 0)
+	set(&cfg.Warmup, *warmup, -1)
+	set(&cfg.ItersLarge, *itersLarge, 0)
+	set(&cfg.WarmupLarge, *warmupLarge, -1)
+	cfg.Window = *window
+
+	w, err := comm.Init(ctx, comm.Config{})
+	if err != nil {
+		return err
+	}
+	if w.Size() != 2 {
+		// Every rank knows: no one waits for another.
+		return errors.Join(fmt.Errorf("the test takes exactly 2 ranks, not %d (xrcrun -n 2)", w.Size()), w.Finalize(ctx))
+	}
+	stop, err := profile(*cpuProfile, *memProfile, w.Rank())
+	if err != nil {
+		return errors.Join(err, w.Finalize(ctx))
+	}
+	res, pair, err := pt2pt.Run(ctx, w, t, cfg)
+	err = errors.Join(err, stop())
+	if err != nil {
+		// The other rank waits for messages that will not come: end
+		// the job rather than hang it.
+		fmt.Fprintf(stderr, "osu: rank %d: %v\n", w.Rank(), err)
+		w.Abort(ctx, 1, err.Error())
+	}
+	if w.Rank() == 0 {
+		rep := pt2pt.Report{Test: t, SameNode: pair.SameNode, Results: res, Transport: os.Getenv(bootstrap.EnvTransport)}
+		rep.Where = "2 ranks on one node (shared memory)"
+		if !pair.SameNode {
+			rep.Where = "2 ranks on two nodes"
+		}
+		if *asJSON {
+			err = pt2pt.WriteJSON(stdout, rep)
+		} else {
+			err = pt2pt.WriteTable(stdout, rep)
+			if err == nil && *goBench {
+				err = pt2pt.WriteGoBench(stdout, rep)
+			}
+		}
+	}
+	return errors.Join(err, w.Finalize(ctx))
+}
+
+// profile starts the profiles asked for, into files named for the rank,
+// and returns the function that writes them.
+func profile(cpu, mem string, rank int) (stop func() error, err error) {
+	var f *os.File
+	if cpu != "" {
+		if f, err = os.Create(fmt.Sprintf("%s.%d", cpu, rank)); err != nil {
+			return nil, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	if mem != "" {
+		runtime.MemProfileRate = 1
+	}
+	return func() error {
+		var err error
+		if f != nil {
+			pprof.StopCPUProfile()
+			err = f.Close()
+		}
+		if mem != "" {
+			m, cerr := os.Create(fmt.Sprintf("%s.%d", mem, rank))
+			if cerr != nil {
+				return errors.Join(err, cerr)
+			}
+			err = errors.Join(err, pprof.Lookup("allocs").WriteTo(m, 0), m.Close())
+		}
+		return err
+	}, nil
+}
+
+// parseSizes reads OSU's -m argument: MAX, or MIN:MAX.
+func parseSizes(s string, defMin int) (lo, hi int, err error) {
+	lo = defMin
+	a, b, ok := strings.Cut(s, ":")
+	if ok {
+		if lo, err = strconv.Atoi(a); err != nil {
+			return 0, 0, fmt.Errorf("-m %q: %w", s, err)
+		}
+	} else {
+		b = a
+	}
+	if hi, err = strconv.Atoi(b); err != nil {
+		return 0, 0, fmt.Errorf("-m %q: %w", s, err)
+	}
+	if lo < 0 || hi < lo {
+		return 0, 0, fmt.Errorf("-m %q: sizes %d to %d", s, lo, hi)
+	}
+	return lo, hi, nil
+}
