@@ -17,17 +17,6 @@ const (
 	noSlot          = 1<<32 - 1
 )
 
-// Credits travel in the immediate data of every SEND: the low 31 bits are
-// how many frames of the receiver the sender has consumed (modulo 2^31);
-// the top bit marks a credit message, which carries no frame and consumes
-// no credit.
-const (
-	creditMask = 1<<31 - 1
-	creditOnly = 1 << 31
-)
-
-func (p *peer) outstanding() uint32 { return (p.sent - p.peerFreed) & creditMask }
-
 // TrySend sends one frame (the parts, concatenated) to rank as a
 // SEND_WITH_IMM. It returns false when the peer has no buffer for it by
 // this rank's credits, the QP's send queue is full, no send buffer is free
@@ -49,16 +38,16 @@ func (t *Transport) TrySend(rank int, parts ...[]byte) (bool, error) {
 	if ok, err := t.ready(p); !ok {
 		return false, err
 	}
-	if p.outstanding() >= t.credits {
-		t.m.creditStalls.Inc()
+	if p.cr.Outstanding() >= t.credits {
+		t.m.CreditStalls.Inc()
 		return false, nil
 	}
 	// One send queue entry stays free for a credit message.
 	if p.sqUsed >= t.cfg.SendDepth-1 {
-		t.m.queueStalls.Inc()
+		t.m.QueueStalls.Inc()
 		return false, nil
 	}
-	wr := verbs.SendWR{Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled, Imm: p.freed & creditMask}
+	wr := verbs.SendWR{Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled, Imm: p.cr.SendImm()}
 	var sges [8]verbs.SGE
 	slot := uint32(noSlot)
 	if total <= t.inline && len(parts) <= len(sges) {
@@ -71,33 +60,32 @@ func (t *Transport) TrySend(rank int, parts ...[]byte) (bool, error) {
 		}
 	} else {
 		var ok bool
-		if slot, ok = t.send.get(); !ok {
-			t.m.queueStalls.Inc()
+		if slot, ok = t.core.Send.Get(); !ok {
+			t.m.QueueStalls.Inc()
 			return false, nil
 		}
-		buf, off := t.send.buf(slot), 0
+		buf, off := t.core.Send.Buf(slot), 0
 		for _, b := range parts {
 			off += copy(buf[off:], b)
 		}
 		if total > 0 {
-			sges[0] = t.send.mr.SGE(int(slot)*t.send.size, total)
+			sges[0] = t.core.Send.SGE(slot, total)
 			wr.SG = sges[:1]
 		}
 	}
 	wr.WRID = wrSend | uint64(slot)
 	if err := p.qp.PostSend(&wr); err != nil {
 		if slot != noSlot {
-			t.send.put(slot)
+			t.core.Send.Put(slot)
 		}
 		err = peerError(p, "send: %w", err)
 		t.fail(p, err)
 		return false, err
 	}
 	p.sqUsed++
-	p.sent++
-	p.announced = p.freed
-	t.m.sentFrames.Inc()
-	t.m.sentBytes.Add(float64(total))
+	p.cr.Sent()
+	t.m.SentFrames.Inc()
+	t.m.SentBytes.Add(float64(total))
 	return true, nil
 }
 
@@ -123,16 +111,16 @@ func (t *Transport) ready(p *peer) (bool, error) {
 // returnCredits sends p a credit message if this rank consumed enough of
 // its frames since it last said so. Called by Progress for dirty peers.
 func (t *Transport) returnCredits(p *peer) {
-	if p.state != peerReady || (p.freed-p.announced)&creditMask < t.refund || p.sqUsed >= t.cfg.SendDepth {
+	if p.state != peerReady || p.cr.Owed() < t.refund || p.sqUsed >= t.cfg.SendDepth {
 		return
 	}
 	wr := verbs.SendWR{WRID: wrCredit, Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled | verbs.SendInline,
-		Imm: creditOnly | p.freed&creditMask}
+		Imm: p.cr.CreditImm()}
 	if err := p.qp.PostSend(&wr); err != nil {
 		t.fail(p, peerError(p, "credit message: %w", err))
 		return
 	}
 	p.sqUsed++
-	p.announced = p.freed
-	t.m.creditMsgs.Inc()
+	p.cr.Announced()
+	t.m.CreditMsgs.Inc()
 }
