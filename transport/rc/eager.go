@@ -3,7 +3,7 @@ package rc
 import (
 	"fmt"
 
-	"github.com/xrcrun/xrc/internal/unix"
+	"github.com/xrcrun/xrc/transport/internal/verbsx"
 	"github.com/xrcrun/xrc/verbs"
 )
 
@@ -14,7 +14,7 @@ const (
 	wrCredit uint64 = 3 << 56 // a credit message
 	wrRead   uint64 = 4 << 56 // index: the read operation
 	wrKind   uint64 = 0xff << 56
-	noSlot          = 1<<32 - 1
+	noSlot          = verbsx.NoSlot
 )
 
 // TrySend sends one frame (the parts, concatenated) to rank as a
@@ -49,29 +49,10 @@ func (t *Transport) TrySend(rank int, parts ...[]byte) (bool, error) {
 	}
 	wr := verbs.SendWR{Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled, Imm: p.cr.SendImm()}
 	var sges [8]verbs.SGE
-	slot := uint32(noSlot)
-	if total <= t.inline && len(parts) <= len(sges) {
-		wr.Flags |= verbs.SendInline
-		wr.SG = sges[:0]
-		for _, b := range parts {
-			if len(b) > 0 {
-				wr.SG = append(wr.SG, verbs.SGE{Addr: uint64(unix.AddrOf(b)), Length: uint32(len(b))})
-			}
-		}
-	} else {
-		var ok bool
-		if slot, ok = t.core.Send.Get(); !ok {
-			t.m.QueueStalls.Inc()
-			return false, nil
-		}
-		buf, off := t.core.Send.Buf(slot), 0
-		for _, b := range parts {
-			off += copy(buf[off:], b)
-		}
-		if total > 0 {
-			sges[0] = t.core.Send.SGE(slot, total)
-			wr.SG = sges[:1]
-		}
+	slot, ok := t.core.Frame(&wr, sges[:], t.inline, parts, total)
+	if !ok {
+		t.m.QueueStalls.Inc()
+		return false, nil
 	}
 	wr.WRID = wrSend | uint64(slot)
 	if err := p.qp.PostSend(&wr); err != nil {
