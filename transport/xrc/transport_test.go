@@ -313,3 +313,28 @@ func TestLossy(t *testing.T) {
 		t.Error("no packet lost or retransmitted")
 	}
 }
+
+// TestReadNamesSRQ: the remote device checks a READ's rkey against the PD
+// of the SRQ it names: a read of rank 1's memory naming rank 3's SRQ (a
+// PD of another process) fails, as the transport's reads would if they
+// named any SRQ but the exposing rank's.
+func TestReadNamesSRQ(t *testing.T) {
+	j := job(t, twoByTwo, false, softhca.Faults{}, nil)
+	src := pattern(3, 5000)
+	rm, err := j.ends[1].tr.Expose(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := j.ends[0].tr
+	tr.peers[1].srqn = tr.peers[3].srqn
+	if err := tr.Read(1, make([]byte, len(src)), rm, 1); err != nil {
+		t.Fatal(err)
+	}
+	progress(t, j.ends[:1], func() bool { _, ok := j.ends[0].h.reads[1]; return ok })
+	if err := j.ends[0].h.reads[1]; err == nil {
+		t.Fatal("a read naming another rank's SRQ succeeded")
+	}
+	if _, err := tr.TrySend(3, []byte("x")); err == nil {
+		t.Error("the INI QP failed, yet a send toward its node was taken")
+	}
+}
