@@ -11,9 +11,9 @@
 // with one copy, then tells the sender it is done.
 //
 // Between ranks of a node the transport is shared memory (transport/shm);
-// between nodes it is RC (transport/rc) on the rank's verbs device
-// (Config.OpenDevice, XRC_DEVICE), its QPs connected at Init or at the
-// first message (XRC_CONNECT). XRC is not here yet.
+// between nodes it is RC (transport/rc) or XRC (transport/xrc) on the
+// rank's verbs device (Config.OpenDevice, XRC_DEVICE), its QPs connected
+// at Init or at the first message (XRC_CONNECT).
 package comm
 
 import (
@@ -34,7 +34,6 @@ import (
 
 	"github.com/xrcrun/xrc/bootstrap"
 	"github.com/xrcrun/xrc/transport"
-	"github.com/xrcrun/xrc/transport/rc"
 	"github.com/xrcrun/xrc/transport/shm"
 	"github.com/xrcrun/xrc/verbs"
 )
@@ -60,8 +59,8 @@ type Config struct {
 	// shared-memory rings, as when the kernel refuses to let a process
 	// read another's memory (XRC_SHM_NOPULL=1).
 	NoPull bool
-	// Transport is how ranks of other nodes are reached: "rc", "xrc" (not
-	// yet) or "auto" (RC); empty means Env.Transport, else XRC_TRANSPORT,
+	// Transport is how ranks of other nodes are reached: "rc", "xrc" or
+	// "auto" (RC); empty means Env.Transport, else XRC_TRANSPORT,
 	// else auto. Connect is "eager" (every QP at Init) or "lazy" (at the
 	// first message to a rank); empty means Env.Connect, else XRC_CONNECT,
 	// else eager.
@@ -148,9 +147,9 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 		nodes[i] = m.Node
 		multi = multi || m.Node != members[0].Node
 	}
-	// Ranks of other nodes: RC, on the rank's verbs device.
+	// Ranks of other nodes: RC or XRC, on the rank's verbs device.
 	var (
-		rct  *rc.Transport
+		rct  transport.Transport
 		dev  *verbs.Context
 		lazy bool
 	)
@@ -174,7 +173,7 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 			return fail(err)
 		}
 		kick := func() { sh.Bell().Kick() }
-		if rct, err = newRC(&cfg, env, boot, dev, nodes, f.lazy, kick); err != nil {
+		if rct, err = newFabric(&cfg, env, jobID, boot, dev, nodes, f, kick); err != nil {
 			return fail(err)
 		}
 		own = append(own, rct.Record())

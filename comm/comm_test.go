@@ -35,17 +35,21 @@ type layout struct {
 	name    string
 	nodeOf  func(rank int) int
 	connect string // "eager" or "lazy"
-	udp     bool
-	faults  softhca.Faults
+	// transport is how the nodes are reached: "rc" (default) or "xrc".
+	transport string
+	udp       bool
+	faults    softhca.Faults
 }
 
 // layouts are the placements the point-to-point suite runs on: one node
 // (shared memory only), and two nodes of two ranks, ranks alternating
-// (RC between the nodes), connected at Init or on demand.
+// (RC or XRC between the nodes), connected at Init or on demand.
 var layouts = []layout{
 	{name: "OneNode"},
 	{name: "TwoNodes", nodeOf: func(r int) int { return r % 2 }},
 	{name: "TwoNodesLazy", nodeOf: func(r int) int { return r % 2 }, connect: "lazy"},
+	{name: "TwoNodesXRC", nodeOf: func(r int) int { return r % 2 }, transport: "xrc"},
+	{name: "TwoNodesXRCLazy", nodeOf: func(r int) int { return r % 2 }, transport: "xrc", connect: "lazy"},
 }
 
 // onLayouts runs f as a subtest on every layout.
@@ -146,7 +150,7 @@ func worldDevs(t testing.TB, n int, l layout) ([]*Comm, map[int]*softhca.Device)
 		seen[node]++
 		wg.Go(func() {
 			env := bootstrap.Env{Rank: r, Size: n, LocalRank: lr, LocalSize: local[node], Node: node, Nodes: len(local),
-				Addr: srv.Addr(), Key: key, JobID: "t", Connect: l.connect}
+				Addr: srv.Addr(), Key: key, JobID: "t", Connect: l.connect, Transport: l.transport}
 			c, err := bootstrap.Join(ctx, env.Addr, key, bootstrap.Member{Rank: r, Node: node, LocalRank: lr}, n, bootstrap.ClientConfig{})
 			if err != nil {
 				errs[r] = err
@@ -475,11 +479,13 @@ func testManyOutstanding(t *testing.T, l layout) {
 	})
 }
 
-// TestTransportChoice: XRC is refused with a clear error; an unknown
-// transport or connection mode too.
+// TestTransportChoice: an unknown transport or connection mode is
+// refused with a clear error; xrc is taken.
 func TestTransportChoice(t *testing.T) {
+	if f, err := chooseFabric(&Config{Transport: "XRC"}, &bootstrap.Env{}); err != nil || f.transport != "xrc" || f.lazy {
+		t.Errorf("xrc: %+v, %v", f, err)
+	}
 	for _, tc := range []struct{ transport, connect, want string }{
-		{"xrc", "", "not implemented"},
 		{"tcp", "", "unknown transport"},
 		{"rc", "sometimes", "unknown connection mode"},
 	} {
@@ -540,4 +546,36 @@ func benchPingPong(b *testing.B, size int) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2000, "us-one-way")
+}
+
+// TestXRCObjects: a job of two nodes of two ranks over XRC, connected at
+// Init, holds on each node's device one XRC domain, two XRC SRQs (one per
+// rank) and four QPs: two INI QPs (one per rank, toward the other node)
+// and two TGT QPs (one per rank of the other node), against four RC QPs
+// per node with RC.
+func TestXRCObjects(t *testing.T) {
+	l := layout{nodeOf: func(r int) int { return r % 2 }, transport: "xrc"}
+	comms, devs := worldDevs(t, 4, l)
+	for node, d := range devs {
+		if o := d.Objects(); o.XRCDs != 1 || o.SRQs != 2 || o.QPs != 4 {
+			t.Errorf("node %d: %+v, want 1 XRC domain, 2 SRQs, 4 QPs", node, o)
+		}
+	}
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		peer := (c.Rank() + 1) % c.Size()
+		from := (c.Rank() + c.Size() - 1) % c.Size()
+		got := make([]byte, 5)
+		r, err := c.Irecv(got, from, 0)
+		if err != nil {
+			return err
+		}
+		if _, err := c.Isend([]byte("hello"), peer, 0); err != nil {
+			return err
+		}
+		_, err = Waitall(ctx, r)
+		if err == nil && string(got) != "hello" {
+			err = fmt.Errorf("got %q", got)
+		}
+		return err
+	})
 }

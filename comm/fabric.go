@@ -3,13 +3,15 @@ package comm
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/xrcrun/xrc/bootstrap"
+	"github.com/xrcrun/xrc/transport"
 	"github.com/xrcrun/xrc/transport/rc"
+	"github.com/xrcrun/xrc/transport/xrc"
 	"github.com/xrcrun/xrc/verbs"
 
 	// The drivers of the devices XRC_DEVICE may name: software HCAs
@@ -19,7 +21,7 @@ import (
 
 // fabricChoice is how a rank reaches the ranks of other nodes.
 type fabricChoice struct {
-	transport string // "rc"
+	transport string // "rc" or "xrc"
 	lazy      bool
 	device    string
 }
@@ -41,7 +43,7 @@ func chooseFabric(cfg *Config, env *bootstrap.Env) (fabricChoice, error) {
 	case "", "auto", "rc":
 		f.transport = "rc"
 	case "xrc":
-		return f, errors.New("comm: transport xrc is not implemented yet: use rc (XRC_TRANSPORT=rc or auto)")
+		f.transport = "xrc"
 	default:
 		return f, fmt.Errorf("comm: unknown transport %q (XRC_TRANSPORT): rc, xrc or auto", t)
 	}
@@ -73,10 +75,25 @@ func openDevice(ctx context.Context, cfg *Config, env *bootstrap.Env, f fabricCh
 	return d, nil
 }
 
-// newRC makes the rank's RC transport on dev.
-func newRC(cfg *Config, env *bootstrap.Env, boot *bootstrap.Client, dev *verbs.Context, nodes []int, lazy bool, kick func()) (*rc.Transport, error) {
-	return rc.New(rc.Config{Device: dev, Rank: env.Rank, Nodes: nodes, Kick: kick, Lazy: lazy, Bootstrap: boot,
+// newFabric makes the rank's transport toward other nodes on dev: RC, or
+// XRC with the node's domain file in the job's runtime directory.
+func newFabric(cfg *Config, env *bootstrap.Env, jobID string, boot *bootstrap.Client, dev *verbs.Context, nodes []int,
+	f fabricChoice, kick func()) (transport.Transport, error) {
+	if f.transport == "xrc" {
+		t, err := xrc.New(xrc.Config{Device: dev, Rank: env.Rank, Nodes: nodes, Kick: kick, Lazy: f.lazy, Bootstrap: boot,
+			DomainFile: filepath.Join(cfg.Dir, fmt.Sprintf("xrcd-%s-%d", jobID, env.Node)),
+			Logger:     cfg.Logger, Registerer: cfg.Registerer})
+		if err != nil {
+			return nil, err // not a nil *xrc.Transport in an interface
+		}
+		return t, nil
+	}
+	t, err := rc.New(rc.Config{Device: dev, Rank: env.Rank, Nodes: nodes, Kick: kick, Lazy: f.lazy, Bootstrap: boot,
 		Logger: cfg.Logger, Registerer: cfg.Registerer})
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
 }
 
 // A rank's record in the all-gather is its transports' records, each

@@ -15,8 +15,13 @@ import (
 // UDP and lose 5% of the packets they send. Every rank sends every rank
 // of the other node messages of random sizes, eager and rendezvous, each
 // with its checksum; all arrive intact and in order.
-func TestLossyRC(t *testing.T) {
-	l := layout{nodeOf: func(r int) int { return r % 2 }, udp: true, faults: softhca.Faults{Loss: 0.05, Seed: 11}}
+func TestLossyRC(t *testing.T) { testLossy(t, "rc") }
+
+// TestLossyXRC is TestLossyRC over XRC.
+func TestLossyXRC(t *testing.T) { testLossy(t, "xrc") }
+
+func testLossy(t *testing.T, tr string) {
+	l := layout{nodeOf: func(r int) int { return r % 2 }, udp: true, faults: softhca.Faults{Loss: 0.05, Seed: 11}, transport: tr}
 	comms, devs := worldDevs(t, 4, l)
 	const per = 60
 	table := crc64.MakeTable(crc64.ECMA)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/xrcrun/xrc/transport/rc"
+	"github.com/xrcrun/xrc/transport/xrc"
 )
 
 // Report is what one rank holds for its connections to other nodes.
@@ -43,6 +44,15 @@ func (c *Comm) Report() Report {
 			s := t.Stats()
 			r.Transport = "rc"
 			r.RCQPs += s.QPs
+			r.SRQs += s.SRQs
+			r.QueueBytes += s.QueueBytes
+			r.RegisteredBytes += s.RegisteredBytes
+			r.Connect += s.SetupTime + s.HandshakeTime
+		case *xrc.Transport:
+			s := t.Stats()
+			r.Transport = "xrc"
+			r.INIQPs += s.INIQPs
+			r.TGTQPs += s.TGTCreated
 			r.SRQs += s.SRQs
 			r.QueueBytes += s.QueueBytes
 			r.RegisteredBytes += s.RegisteredBytes

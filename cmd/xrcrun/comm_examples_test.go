@@ -31,18 +31,22 @@ func TestLaunchCommExamples(t *testing.T) {
 	}
 }
 
-// TestConnectionReport runs 16 ranks on 4 emulated nodes over RC: with
+// TestConnectionReport runs 16 ranks on 4 emulated nodes. Over RC with
 // eager connection alltoall's report shows c²(N−1) = 48 RC QPs per node;
-// with lazy connection a ring only connects neighbours: the two ring
-// links that leave each node.
+// over XRC, c(N−1) = 12 INI and 12 TGT QPs. With lazy connection a ring
+// only connects neighbours: the two ring links that leave each node (over
+// XRC, one INI QP toward the next node and one TGT QP for the previous
+// node's rank).
 func TestConnectionReport(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		args  []string
-		rcQPs int
+		args                 []string
+		rcQPs, iniQPs, tgtQP int
 	}{
-		{[]string{"-n", "16", "--nodes", "4", "--transport", "rc", "--connect", "eager", "./examples/alltoall", "-max", "65536", "-json"}, 48},
-		{[]string{"-n", "16", "--nodes", "4", "--transport", "rc", "--connect", "lazy", "./examples/ring", "-n", "5", "-json"}, 2},
+		{[]string{"-n", "16", "--nodes", "4", "--transport", "rc", "--connect", "eager", "./examples/alltoall", "-max", "65536", "-json"}, 48, 0, 0},
+		{[]string{"-n", "16", "--nodes", "4", "--transport", "rc", "--connect", "lazy", "./examples/ring", "-n", "5", "-json"}, 2, 0, 0},
+		{[]string{"-n", "16", "--nodes", "4", "--transport", "xrc", "--connect", "eager", "./examples/alltoall", "-max", "65536", "-json"}, 0, 12, 12},
+		{[]string{"-n", "16", "--nodes", "4", "--transport", "xrc", "--connect", "lazy", "./examples/ring", "-n", "5", "-json"}, 0, 2, 2},
 	} {
 		j := startJob(t, "../..", nil, c.args...)
 		if st := j.wait(5 * time.Minute); st != 0 {
@@ -60,8 +64,8 @@ func TestConnectionReport(t *testing.T) {
 			t.Fatalf("%v: report of %d nodes:\n%s", c.args, len(nodes), j.out())
 		}
 		for _, n := range nodes {
-			if n.Ranks != 4 || n.RCQPs != c.rcQPs || n.INIQPs != 0 || n.TGTQPs != 0 || n.SRQs != 4 || n.QueueBytes <= 0 {
-				t.Errorf("%v: node %+v, want 4 ranks, %d RC QPs, 4 SRQs", c.args, n, c.rcQPs)
+			if n.Ranks != 4 || n.RCQPs != c.rcQPs || n.INIQPs != c.iniQPs || n.TGTQPs != c.tgtQP || n.SRQs != 4 || n.QueueBytes <= 0 {
+				t.Errorf("%v: node %+v, want 4 ranks, %d RC QPs, %d INI and %d TGT QPs, 4 SRQs", c.args, n, c.rcQPs, c.iniQPs, c.tgtQP)
 			}
 		}
 	}

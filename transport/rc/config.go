@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/xrcrun/xrc/bootstrap"
+	"github.com/xrcrun/xrc/transport/internal/verbsx"
 	"github.com/xrcrun/xrc/verbs"
 )
 
@@ -55,10 +56,10 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultEagerSize = 8<<10 + 64
-	DefaultSRQDepth  = 512
-	DefaultSendSlots = 256
-	DefaultSendDepth = 64
+	DefaultEagerSize = verbsx.DefaultEagerSize
+	DefaultSRQDepth  = verbsx.DefaultSRQDepth
+	DefaultSendSlots = verbsx.DefaultSendSlots
+	DefaultSendDepth = verbsx.DefaultSendDepth
 )
 
 func (c *Config) check() error {
@@ -77,28 +78,11 @@ func (c *Config) check() error {
 	if c.Port == 0 {
 		c.Port = 1
 	}
-	if c.EagerSize == 0 {
-		c.EagerSize = DefaultEagerSize
+	sz := verbsx.Sizes{EagerSize: c.EagerSize, SRQDepth: c.SRQDepth, SendSlots: c.SendSlots, SendDepth: c.SendDepth}
+	if err := sz.Check(); err != nil {
+		return fmt.Errorf("rc: %w", err)
 	}
-	if c.SRQDepth == 0 {
-		c.SRQDepth = DefaultSRQDepth
-	}
-	if c.SendSlots == 0 {
-		c.SendSlots = DefaultSendSlots
-	}
-	if c.SendDepth == 0 {
-		c.SendDepth = DefaultSendDepth
-	}
-	switch {
-	case c.EagerSize < 64 || c.EagerSize > 1<<20:
-		return fmt.Errorf("rc: eager size %d: 64 bytes to 1 MiB", c.EagerSize)
-	case c.SRQDepth < 8 || c.SRQDepth > 16000:
-		return fmt.Errorf("rc: SRQ depth %d: 8 to 16000", c.SRQDepth)
-	case c.SendSlots < 1 || c.SendSlots > 1<<16:
-		return fmt.Errorf("rc: %d send slots: 1 to 65536", c.SendSlots)
-	case c.SendDepth < 8 || c.SendDepth > 4096:
-		return fmt.Errorf("rc: send depth %d: 8 to 4096", c.SendDepth)
-	}
+	c.EagerSize, c.SRQDepth, c.SendSlots, c.SendDepth = sz.EagerSize, sz.SRQDepth, sz.SendSlots, sz.SendDepth
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

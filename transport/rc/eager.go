@@ -3,7 +3,7 @@ package rc
 import (
 	"fmt"
 
-	"github.com/xrcrun/xrc/internal/unix"
+	"github.com/xrcrun/xrc/transport/internal/verbsx"
 	"github.com/xrcrun/xrc/verbs"
 )
 
@@ -14,19 +14,8 @@ const (
 	wrCredit uint64 = 3 << 56 // a credit message
 	wrRead   uint64 = 4 << 56 // index: the read operation
 	wrKind   uint64 = 0xff << 56
-	noSlot          = 1<<32 - 1
+	noSlot          = verbsx.NoSlot
 )
-
-// Credits travel in the immediate data of every SEND: the low 31 bits are
-// how many frames of the receiver the sender has consumed (modulo 2^31);
-// the top bit marks a credit message, which carries no frame and consumes
-// no credit.
-const (
-	creditMask = 1<<31 - 1
-	creditOnly = 1 << 31
-)
-
-func (p *peer) outstanding() uint32 { return (p.sent - p.peerFreed) & creditMask }
 
 // TrySend sends one frame (the parts, concatenated) to rank as a
 // SEND_WITH_IMM. It returns false when the peer has no buffer for it by
@@ -49,55 +38,35 @@ func (t *Transport) TrySend(rank int, parts ...[]byte) (bool, error) {
 	if ok, err := t.ready(p); !ok {
 		return false, err
 	}
-	if p.outstanding() >= t.credits {
-		t.m.creditStalls.Inc()
+	if p.cr.Outstanding() >= t.credits {
+		t.m.CreditStalls.Inc()
 		return false, nil
 	}
 	// One send queue entry stays free for a credit message.
 	if p.sqUsed >= t.cfg.SendDepth-1 {
-		t.m.queueStalls.Inc()
+		t.m.QueueStalls.Inc()
 		return false, nil
 	}
-	wr := verbs.SendWR{Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled, Imm: p.freed & creditMask}
+	wr := verbs.SendWR{Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled, Imm: p.cr.SendImm()}
 	var sges [8]verbs.SGE
-	slot := uint32(noSlot)
-	if total <= t.inline && len(parts) <= len(sges) {
-		wr.Flags |= verbs.SendInline
-		wr.SG = sges[:0]
-		for _, b := range parts {
-			if len(b) > 0 {
-				wr.SG = append(wr.SG, verbs.SGE{Addr: uint64(unix.AddrOf(b)), Length: uint32(len(b))})
-			}
-		}
-	} else {
-		var ok bool
-		if slot, ok = t.send.get(); !ok {
-			t.m.queueStalls.Inc()
-			return false, nil
-		}
-		buf, off := t.send.buf(slot), 0
-		for _, b := range parts {
-			off += copy(buf[off:], b)
-		}
-		if total > 0 {
-			sges[0] = t.send.mr.SGE(int(slot)*t.send.size, total)
-			wr.SG = sges[:1]
-		}
+	slot, ok := t.core.Frame(&wr, sges[:], t.inline, parts, total)
+	if !ok {
+		t.m.QueueStalls.Inc()
+		return false, nil
 	}
 	wr.WRID = wrSend | uint64(slot)
 	if err := p.qp.PostSend(&wr); err != nil {
 		if slot != noSlot {
-			t.send.put(slot)
+			t.core.Send.Put(slot)
 		}
 		err = peerError(p, "send: %w", err)
 		t.fail(p, err)
 		return false, err
 	}
 	p.sqUsed++
-	p.sent++
-	p.announced = p.freed
-	t.m.sentFrames.Inc()
-	t.m.sentBytes.Add(float64(total))
+	p.cr.Sent()
+	t.m.SentFrames.Inc()
+	t.m.SentBytes.Add(float64(total))
 	return true, nil
 }
 
@@ -123,16 +92,16 @@ func (t *Transport) ready(p *peer) (bool, error) {
 // returnCredits sends p a credit message if this rank consumed enough of
 // its frames since it last said so. Called by Progress for dirty peers.
 func (t *Transport) returnCredits(p *peer) {
-	if p.state != peerReady || (p.freed-p.announced)&creditMask < t.refund || p.sqUsed >= t.cfg.SendDepth {
+	if p.state != peerReady || p.cr.Owed() < t.refund || p.sqUsed >= t.cfg.SendDepth {
 		return
 	}
 	wr := verbs.SendWR{WRID: wrCredit, Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled | verbs.SendInline,
-		Imm: creditOnly | p.freed&creditMask}
+		Imm: p.cr.CreditImm()}
 	if err := p.qp.PostSend(&wr); err != nil {
 		t.fail(p, peerError(p, "credit message: %w", err))
 		return
 	}
 	p.sqUsed++
-	p.announced = p.freed
-	t.m.creditMsgs.Inc()
+	p.cr.Announced()
+	t.m.CreditMsgs.Inc()
 }

@@ -93,7 +93,7 @@ func (l *lazy) readMailbox(ctx context.Context) {
 		}
 		h, err := parseHello(v, l.t.n)
 		if err != nil {
-			l.t.m.bad.Inc()
+			l.t.m.Bad.Inc()
 			l.t.log.Warn("lazy connect: dropped a request", "slot", slot, "err", err)
 			continue
 		}
@@ -126,7 +126,7 @@ func (l *lazy) apply() {
 	for _, h := range hs {
 		p := t.peers[h.rank]
 		if p == nil || p.state == peerReady {
-			t.m.bad.Inc()
+			t.m.Bad.Inc()
 			t.log.Warn("lazy connect: unexpected request", "from", h.rank)
 			continue
 		}

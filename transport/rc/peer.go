@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/xrcrun/xrc/transport/internal/verbsx"
 	"github.com/xrcrun/xrc/verbs"
 )
 
@@ -20,16 +21,12 @@ type peer struct {
 	started time.Time
 	err     error // why the peer failed; returned by every later call
 
-	sqUsed   int         // send work requests not completed yet
-	readsOut int         // RDMA READs posted and not completed
-	pending  []readChunk // RDMA READs waiting for room
-	dirty    bool        // in Transport.dirty
+	sqUsed   int            // send work requests not completed yet
+	readsOut int            // RDMA READs posted and not completed
+	pending  []verbsx.Chunk // RDMA READs waiting for room
+	dirty    bool           // in Transport.dirty
 
-	// Credits, counted modulo 2^31 (eager.go): frames sent to the peer,
-	// and how many of them it said it consumed; frames of the peer
-	// consumed here, and the count last told to it.
-	sent, peerFreed  uint32
-	freed, announced uint32
+	cr verbsx.Credits // flow control of the frames both ways
 }
 
 type peerState uint8
@@ -48,11 +45,9 @@ func (t *Transport) fail(p *peer, err error) {
 		return
 	}
 	t.log.Error("peer failed", "peer", p.rank, "err", err)
-	t.m.peerErrors.Inc()
+	t.m.PeerErrors.Inc()
 	p.state, p.err = peerFailed, err
-	for _, c := range p.pending {
-		t.chunkDone(c.op, err)
-	}
+	t.core.Reads.Fail(p.pending, err)
 	p.pending = nil
 }
 

@@ -77,47 +77,6 @@ func parseRecord(b []byte, n int) (*record, error) {
 	return r, nil
 }
 
-// A Remote of this transport (transport.Remote):
-//
-//	0   'R' (u8), 3 reserved bytes
-//	4   the exposing rank (u32)
-//	8   address (u64)
-//	16  rkey (u32)
-//	20  length (u64)
-const (
-	remoteMagic = 'R'
-	remoteLen   = 28
-)
-
-type remote struct {
-	rank int
-	addr uint64
-	rkey uint32
-	len  uint64
-}
-
-func (r remote) encode() []byte {
-	b := make([]byte, remoteLen)
-	b[0] = remoteMagic
-	binary.LittleEndian.PutUint32(b[4:], uint32(r.rank))
-	binary.LittleEndian.PutUint64(b[8:], r.addr)
-	binary.LittleEndian.PutUint32(b[16:], r.rkey)
-	binary.LittleEndian.PutUint64(b[20:], r.len)
-	return b
-}
-
-func parseRemote(b []byte) (remote, bool) {
-	if len(b) != remoteLen || b[0] != remoteMagic || b[1]|b[2]|b[3] != 0 {
-		return remote{}, false
-	}
-	r := remote{rank: int(binary.LittleEndian.Uint32(b[4:])), addr: binary.LittleEndian.Uint64(b[8:]),
-		rkey: binary.LittleEndian.Uint32(b[16:]), len: binary.LittleEndian.Uint64(b[20:])}
-	if r.addr+r.len < r.addr {
-		return remote{}, false
-	}
-	return r, true
-}
-
 // A lazy connection request, put in the peer's mailbox (see lazy.go):
 //
 //	0   version (u8) = 1, 3 reserved bytes

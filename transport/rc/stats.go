@@ -14,9 +14,7 @@ type Stats struct {
 	// CachedRegions is the number of regions in the registration cache.
 	CachedRegions int
 	// QueueBytes estimates the queue memory of the QPs, the SRQ and the
-	// CQ, from the layout of the mlx4 provider: send WQEs of 128 bytes
-	// (control segment, two data segments or 96 inline bytes), SRQ WQEs
-	// of 32 bytes (next segment and one data segment), CQEs of 32 bytes.
+	// CQ, from the layout of the mlx4 provider (verbsx.QueueBytes).
 	QueueBytes int64
 	// SetupTime is the time spent making QPs and taking them to RTS;
 	// HandshakeTime, with lazy connection, the time from a peer's first
@@ -24,17 +22,10 @@ type Stats struct {
 	SetupTime, HandshakeTime time.Duration
 }
 
-// Queue entry sizes of the estimate in Stats.
-const (
-	sendWQEBytes = 128
-	srqWQEBytes  = 32
-	cqeBytes     = 32
-)
-
 // Stats reports the transport's objects and memory. Call it from the
 // goroutine that drives the transport.
 func (t *Transport) Stats() Stats {
-	s := Stats{SRQs: 1, CachedRegions: t.cache.entries, SetupTime: t.setupTime, HandshakeTime: t.handshake}
+	s := Stats{SRQs: 1, CachedRegions: t.core.Cache.Entries(), SetupTime: t.setupTime, HandshakeTime: t.handshake}
 	for _, p := range t.peers {
 		if p != nil && p.qp != nil {
 			s.QPs++
@@ -43,7 +34,7 @@ func (t *Transport) Stats() Stats {
 			}
 		}
 	}
-	s.RegisteredBytes = int64(len(t.recv.mem)+len(t.send.mem)) + t.cache.bytes
-	s.QueueBytes = int64(s.QPs*t.cfg.SendDepth*sendWQEBytes + t.recv.n*srqWQEBytes + t.cq.CQE()*cqeBytes)
+	s.RegisteredBytes = t.core.RegisteredBytes()
+	s.QueueBytes = t.core.QueueBytes(s.QPs, t.cfg.SendDepth)
 	return s
 }

@@ -50,6 +50,7 @@ import (
 	"time"
 
 	"github.com/xrcrun/xrc/transport"
+	"github.com/xrcrun/xrc/transport/internal/verbsx"
 	"github.com/xrcrun/xrc/verbs"
 )
 
@@ -60,16 +61,12 @@ type Transport struct {
 	m    *metrics
 	n    int // ranks in the job
 	port verbs.PortAttr
-	// maxRd is the RDMA READs a QP keeps outstanding; inline the largest
-	// frame sent inline.
-	maxRd, inline int
+	// inline is the largest frame sent inline.
+	inline int
 
-	pd    *verbs.PD
-	ch    *verbs.CompChannel
-	cq    *verbs.CQ
-	recv  *recvPool
-	send  *sendPool
-	cache *regCache
+	// core holds the PD, the CQ, the SRQ and its buffers, the send
+	// buffers, the registration cache and the reads.
+	core *verbsx.Core
 
 	peers   []*peer // by rank; nil for this node's ranks
 	remotes int
@@ -77,11 +74,7 @@ type Transport struct {
 	credits uint32 // frames a sender may have unconsumed at one receiver
 	refund  uint32 // freed frames that make a credit message worth sending
 
-	reads    map[uint64]*readOp
-	nextRead uint64
-	done     []readDone // finished reads, for the next Progress
-	dirty    []*peer    // peers with reads to post or credits to return
-	wc       []verbs.WorkCompletion
+	dirty []*peer // peers with reads to post or credits to return
 
 	// setupTime is the time spent making QPs and changing their states;
 	// handshake the time lazy connections took from the first need to
@@ -96,19 +89,13 @@ type Transport struct {
 
 var _ transport.Transport = (*Transport)(nil)
 
-type readDone struct {
-	cookie uint64
-	err    error
-}
-
 // Tunables of the QPs.
 const (
-	inlineSize    = 96      // frames up to this size go inline
-	minRNRTimer   = 12      // 0.64 ms
-	rnrRetry      = 7       // retry forever: RNR is flow control's last resort
-	qpTimeout     = 14      // 67 ms
-	retryCount    = 7       // transport retries before a QP fails
-	readChunkSize = 1 << 20 // bytes per RDMA READ
+	inlineSize  = 96 // frames up to this size go inline
+	minRNRTimer = 12 // 0.64 ms
+	rnrRetry    = 7  // retry forever: RNR is flow control's last resort
+	qpTimeout   = 14 // 67 ms
+	retryCount  = 7  // transport retries before a QP fails
 )
 
 // New creates the rank's PD, CQ, SRQ and buffers and, unless cfg.Lazy, a
@@ -118,8 +105,7 @@ func New(cfg Config) (*Transport, error) {
 		return nil, err
 	}
 	t := &Transport{cfg: cfg, log: cfg.Logger.With("transport", "rc", "rank", cfg.Rank), n: len(cfg.Nodes),
-		peers: make([]*peer, len(cfg.Nodes)), byQPN: map[uint32]*peer{}, reads: map[uint64]*readOp{},
-		wc: make([]verbs.WorkCompletion, 32)}
+		peers: make([]*peer, len(cfg.Nodes)), byQPN: map[uint32]*peer{}}
 	me := cfg.Nodes[cfg.Rank]
 	for r, node := range cfg.Nodes {
 		if node != me {
@@ -136,8 +122,8 @@ func New(cfg Config) (*Transport, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.cancel = cancel
-	t.wg.Go(func() { t.watchCQ(ctx) })
-	t.wg.Go(func() { t.watchEvents(ctx) })
+	t.wg.Go(func() { verbsx.WatchCQ(ctx, t.core.CQ, t.core.Ch, cfg.Kick, t.log, t.m.Metrics) })
+	t.wg.Go(func() { verbsx.WatchEvents(ctx, cfg.Device, t.core.Recv, cfg.Kick, t.log, t.m.Metrics) })
 	if cfg.Lazy {
 		t.lz = &lazy{t: t, boot: cfg.Bootstrap, ctx: ctx, failed: map[int]error{}}
 		t.wg.Go(func() { t.lz.readMailbox(ctx) })
@@ -146,52 +132,21 @@ func New(cfg Config) (*Transport, error) {
 }
 
 func (t *Transport) setup() error {
-	dev, cfg := t.cfg.Device, t.cfg
-	attr, err := dev.QueryDevice()
+	cfg := t.cfg
+	// Every remote rank gets an equal share of the receive buffers.
+	t.credits, t.refund = verbsx.Shares(cfg.SRQDepth, t.remotes)
+	var err error
+	t.core, err = verbsx.NewCore(verbsx.CoreConfig{Device: cfg.Device, Port: cfg.Port,
+		Sizes: verbsx.Sizes{EagerSize: cfg.EagerSize, SRQDepth: cfg.SRQDepth, SendSlots: cfg.SendSlots, SendDepth: cfg.SendDepth},
+		CQE:   cfg.SRQDepth + t.remotes*cfg.SendDepth + 16, RecvWRID: wrRecv,
+		NewSRQ: func(pd *verbs.PD, _ *verbs.CQ) (*verbs.SRQ, error) {
+			return pd.CreateSRQ(verbs.SRQAttr{MaxWR: uint32(cfg.SRQDepth), MaxSGE: 1})
+		}})
 	if err != nil {
 		return fmt.Errorf("rc: %w", err)
 	}
-	if t.port, err = dev.QueryPort(cfg.Port); err != nil {
-		return fmt.Errorf("rc: %w", err)
-	}
-	if t.port.State != verbs.PortActive {
-		return fmt.Errorf("rc: port %d of %s is %v", cfg.Port, dev.Name(), t.port.State)
-	}
-	t.maxRd = int(min(16, attr.MaxQPInitRdAtom, attr.MaxQPRdAtom))
-	if t.maxRd < 1 {
-		t.maxRd = 1
-	}
-	if uint32(cfg.SRQDepth) > attr.MaxSRQWR {
-		return fmt.Errorf("rc: SRQ depth %d: %s takes at most %d", cfg.SRQDepth, dev.Name(), attr.MaxSRQWR)
-	}
-	if uint32(cfg.SendDepth) > attr.MaxQPWR {
-		return fmt.Errorf("rc: send depth %d: %s takes at most %d", cfg.SendDepth, dev.Name(), attr.MaxQPWR)
-	}
-	// Every remote rank gets an equal share of the receive buffers, minus
-	// a few for its credit messages; at least 2, overcommitting the SRQ
-	// (and relying on RNR) when there are more peers than buffers.
-	if t.remotes > 0 {
-		t.credits = uint32(max(2, cfg.SRQDepth/t.remotes-3))
-	}
-	t.refund = max(1, t.credits/2)
-
-	if t.pd, err = dev.AllocPD(); err != nil {
-		return fmt.Errorf("rc: %w", err)
-	}
-	if t.ch, err = dev.CreateCompChannel(); err != nil {
-		return fmt.Errorf("rc: %w", err)
-	}
-	if t.cq, err = dev.CreateCQ(cfg.SRQDepth+t.remotes*cfg.SendDepth+16, t.ch, 0); err != nil {
-		return fmt.Errorf("rc: %w", err)
-	}
-	if t.recv, err = newRecvPool(t.pd, cfg.SRQDepth, cfg.EagerSize); err != nil {
-		return err
-	}
-	t.m.srqPosted.Set(float64(cfg.SRQDepth))
-	if t.send, err = newSendPool(t.pd, cfg.SendSlots, cfg.EagerSize); err != nil {
-		return err
-	}
-	t.cache = newRegCache(t.pd)
+	t.port = t.core.Port
+	t.m.SRQPosted.Set(float64(cfg.SRQDepth))
 	if cfg.Lazy {
 		return nil
 	}
@@ -210,7 +165,7 @@ func (t *Transport) createQP(p *peer) error {
 	start := time.Now()
 	p.started = start
 	defer func() { t.setupTime += time.Since(start) }()
-	qp, err := t.pd.CreateQP(&verbs.QPInitAttr{Type: verbs.QPTRC, SendCQ: t.cq, RecvCQ: t.cq, SRQ: t.recv.srq,
+	qp, err := t.core.PD.CreateQP(&verbs.QPInitAttr{Type: verbs.QPTRC, SendCQ: t.core.CQ, RecvCQ: t.core.CQ, SRQ: t.core.Recv.SRQ,
 		Cap: verbs.QPCap{MaxSendWR: uint32(t.cfg.SendDepth), MaxSendSGE: 2, MaxInlineData: inlineSize}})
 	if err != nil {
 		return fmt.Errorf("rc: QP for rank %d: %w", p.rank, err)
@@ -236,13 +191,13 @@ func (t *Transport) bringUp(p *peer, qpn, psn uint32) error {
 	defer func() { t.setupTime += time.Since(start) }()
 	mtu := min(t.port.ActiveMTU, p.rec.mtu)
 	err := p.qp.Modify(&verbs.QPAttr{State: verbs.QPSRTR, PathMTU: mtu, DestQPN: qpn, RQPSN: psn,
-		MaxDestRdAtomic: uint8(t.maxRd), MinRNRTimer: minRNRTimer,
+		MaxDestRdAtomic: uint8(t.core.MaxRd), MinRNRTimer: minRNRTimer,
 		AH: verbs.AHAttr{IsGlobal: true, Port: t.cfg.Port, GRH: verbs.GlobalRoute{DGID: p.rec.gid, HopLimit: 64}}},
 		verbs.QPAttrState|verbs.QPAttrAV|verbs.QPAttrPathMTU|verbs.QPAttrDestQPN|verbs.QPAttrRQPSN|
 			verbs.QPAttrMaxDestRdAtomic|verbs.QPAttrMinRNRTimer)
 	if err == nil {
 		err = p.qp.Modify(&verbs.QPAttr{State: verbs.QPSRTS, Timeout: qpTimeout, RetryCnt: retryCount,
-			RNRRetry: rnrRetry, SQPSN: p.psn, MaxRdAtomic: uint8(t.maxRd)},
+			RNRRetry: rnrRetry, SQPSN: p.psn, MaxRdAtomic: uint8(t.core.MaxRd)},
 			verbs.QPAttrState|verbs.QPAttrTimeout|verbs.QPAttrRetryCnt|verbs.QPAttrRNRRetry|
 				verbs.QPAttrSQPSN|verbs.QPAttrMaxQPRdAtomic)
 	}
@@ -250,7 +205,7 @@ func (t *Transport) bringUp(p *peer, qpn, psn uint32) error {
 		return fmt.Errorf("rc: connect to rank %d (QPN %#x): %w", p.rank, qpn, err)
 	}
 	p.state = peerReady
-	t.m.connects.Inc()
+	t.m.Connects.Inc()
 	if t.lz != nil {
 		t.handshake += time.Since(p.started)
 	}
@@ -292,7 +247,7 @@ func (t *Transport) Connect(ctx context.Context, peers []transport.Peer) error {
 		}
 		rec, err := parseRecord(pr.Record, t.n)
 		if err != nil {
-			t.m.bad.Inc()
+			t.m.Bad.Inc()
 			return fmt.Errorf("rank %d: %w", pr.Rank, err)
 		}
 		p.rec = rec
@@ -300,7 +255,7 @@ func (t *Transport) Connect(ctx context.Context, peers []transport.Peer) error {
 			continue
 		}
 		if rec.qpns[t.cfg.Rank] == 0 {
-			t.m.bad.Inc()
+			t.m.Bad.Inc()
 			return fmt.Errorf("rc: rank %d made no QP for rank %d (does it connect lazily?)", pr.Rank, t.cfg.Rank)
 		}
 		if err := t.bringUp(p, rec.qpns[t.cfg.Rank], rec.psns[t.cfg.Rank]); err != nil {
@@ -355,24 +310,9 @@ func (t *Transport) teardown() error {
 			t.m.qps.Dec()
 		}
 	}
-	if t.recv != nil {
-		errs = append(errs, t.recv.close())
+	if t.core != nil {
+		errs = append(errs, t.core.Close())
 	}
-	if t.send != nil {
-		errs = append(errs, t.send.close())
-	}
-	if t.cache != nil {
-		errs = append(errs, t.cache.close())
-	}
-	if t.cq != nil {
-		errs = append(errs, t.cq.Close())
-	}
-	if t.ch != nil {
-		errs = append(errs, t.ch.Close())
-	}
-	if t.pd != nil {
-		errs = append(errs, t.pd.Close())
-	}
-	t.m.unregister()
+	t.m.Unregister()
 	return errors.Join(errs...)
 }

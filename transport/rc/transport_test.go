@@ -12,6 +12,7 @@ import (
 
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/transport"
+	"github.com/xrcrun/xrc/transport/internal/verbsx"
 	"github.com/xrcrun/xrc/verbs"
 )
 
@@ -227,7 +228,7 @@ func TestReads(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if st := ends[0].tr.Stats(); st.CachedRegions == 0 || st.CachedRegions > maxIdle {
+	if st := ends[0].tr.Stats(); st.CachedRegions == 0 || st.CachedRegions > verbsx.MaxIdle {
 		t.Errorf("stats: %+v", st)
 	}
 }
@@ -325,7 +326,7 @@ func FuzzRecord(f *testing.F) {
 		if !bytes.Equal(r.encode()[4:], b[4:]) || r.encode()[0] != b[0] || r.encode()[1] != b[1] {
 			t.Fatalf("round trip of %x", b)
 		}
-		_, _ = parseRemote(b)
+		_, _ = verbsx.ParseRemote(b, remoteMagic)
 		_, _ = parseHello(b, n)
 	})
 }

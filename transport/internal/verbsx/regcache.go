@@ -1,4 +1,4 @@
-package rc
+package verbsx
 
 import (
 	"errors"
@@ -9,34 +9,36 @@ import (
 	"github.com/xrcrun/xrc/verbs"
 )
 
-// regCache keeps memory regions of the buffers given to Expose and Read,
+// RegCache keeps memory regions of the buffers given to Expose and Read,
 // so that a buffer used again (a program's send and receive buffers
 // usually are) is not registered again. An entry is found by the pages it
 // covers and matches any range inside the bytes it registered (the exact
 // slice: Go memory around it may belong to other objects, which must not
 // be pinned). Entries in use are counted; unused ones stay registered —
-// which pins their memory, keeping its addresses valid — up to maxIdle
-// entries and maxIdleBytes, the least recently used going first. Owned by
+// which pins their memory, keeping its addresses valid — up to MaxIdle
+// entries and MaxIdleBytes, the least recently used going first. Owned by
 // the goroutine calling the transport.
-type regCache struct {
+type RegCache struct {
 	pd      *verbs.PD
-	byPage  map[uintptr][]*regEntry // by every page an entry covers
+	byPage  map[uintptr][]*RegEntry // by every page an entry covers
 	entries int
-	idle    []*regEntry // unused, least recently used first
+	idle    []*RegEntry // unused, least recently used first
 	idleLen int
 	bytes   int64 // registered by the cache
 }
 
-type regEntry struct {
+// RegEntry is one registration of the cache; MR is its memory region.
+type RegEntry struct {
 	addr  uintptr
 	n     int
-	mr    *verbs.MR
+	MR    *verbs.MR
 	users int
 }
 
+// Bounds of the unused entries the cache keeps.
 const (
-	maxIdle      = 64
-	maxIdleBytes = 256 << 20
+	MaxIdle      = 64
+	MaxIdleBytes = 256 << 20
 	// Entries are indexed by page for the lookup; a huge buffer is
 	// indexed by its first page only, and found only from there.
 	maxIndexedPages = 1024
@@ -44,11 +46,12 @@ const (
 
 var pageSize = uintptr(os.Getpagesize())
 
-func newRegCache(pd *verbs.PD) *regCache {
-	return &regCache{pd: pd, byPage: map[uintptr][]*regEntry{}}
+// NewRegCache makes an empty cache registering regions of pd.
+func NewRegCache(pd *verbs.PD) *RegCache {
+	return &RegCache{pd: pd, byPage: map[uintptr][]*RegEntry{}}
 }
 
-func (c *regCache) pages(addr uintptr, n int) (first, last uintptr) {
+func (c *RegCache) pages(addr uintptr, n int) (first, last uintptr) {
 	first = addr &^ (pageSize - 1)
 	last = (addr + uintptr(n) - 1) &^ (pageSize - 1)
 	if (last-first)/pageSize >= maxIndexedPages {
@@ -57,8 +60,8 @@ func (c *regCache) pages(addr uintptr, n int) (first, last uintptr) {
 	return first, last
 }
 
-// get returns a registration covering buf (not empty), counting a user.
-func (c *regCache) get(buf []byte) (*regEntry, error) {
+// Get returns a registration covering buf (not empty), counting a user.
+func (c *RegCache) Get(buf []byte) (*RegEntry, error) {
 	addr := unix.AddrOf(buf)
 	first, _ := c.pages(addr, len(buf))
 	for _, e := range c.byPage[first] {
@@ -72,9 +75,9 @@ func (c *regCache) get(buf []byte) (*regEntry, error) {
 	}
 	mr, err := c.pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteRead)
 	if err != nil {
-		return nil, fmt.Errorf("rc: register %d bytes: %w", len(buf), err)
+		return nil, fmt.Errorf("register %d bytes: %w", len(buf), err)
 	}
-	e := &regEntry{addr: addr, n: len(buf), mr: mr, users: 1}
+	e := &RegEntry{addr: addr, n: len(buf), MR: mr, users: 1}
 	f, l := c.pages(addr, len(buf))
 	for pg := f; pg <= l; pg += pageSize {
 		c.byPage[pg] = append(c.byPage[pg], e)
@@ -84,19 +87,19 @@ func (c *regCache) get(buf []byte) (*regEntry, error) {
 	return e, nil
 }
 
-// find returns the entry whose region is rkey and covers [addr, addr+n).
-func (c *regCache) find(addr uintptr, n int, rkey uint32) *regEntry {
+// Find returns the entry whose region is rkey and covers [addr, addr+n).
+func (c *RegCache) Find(addr uintptr, n int, rkey uint32) *RegEntry {
 	first, _ := c.pages(addr, max(n, 1))
 	for _, e := range c.byPage[first] {
-		if e.mr.RKey() == rkey && e.addr <= addr && addr+uintptr(n) <= e.addr+uintptr(e.n) && e.users > 0 {
+		if e.MR.RKey() == rkey && e.addr <= addr && addr+uintptr(n) <= e.addr+uintptr(e.n) && e.users > 0 {
 			return e
 		}
 	}
 	return nil
 }
 
-// put drops a user of e; an unused entry is kept while the cache has room.
-func (c *regCache) put(e *regEntry) error {
+// Put drops a user of e; an unused entry is kept while the cache has room.
+func (c *RegCache) Put(e *RegEntry) error {
 	e.users--
 	if e.users > 0 {
 		return nil
@@ -104,13 +107,13 @@ func (c *regCache) put(e *regEntry) error {
 	c.idle = append(c.idle, e)
 	c.idleLen += e.n
 	var errs []error
-	for len(c.idle) > maxIdle || c.idleLen > maxIdleBytes {
+	for len(c.idle) > MaxIdle || c.idleLen > MaxIdleBytes {
 		errs = append(errs, c.drop(c.idle[0]))
 	}
 	return errors.Join(errs...)
 }
 
-func (c *regCache) unidle(e *regEntry) {
+func (c *RegCache) unidle(e *RegEntry) {
 	for i, x := range c.idle {
 		if x == e {
 			c.idle = append(c.idle[:i], c.idle[i+1:]...)
@@ -121,7 +124,7 @@ func (c *regCache) unidle(e *regEntry) {
 }
 
 // drop deregisters an unused entry.
-func (c *regCache) drop(e *regEntry) error {
+func (c *RegCache) drop(e *RegEntry) error {
 	c.unidle(e)
 	f, l := c.pages(e.addr, e.n)
 	for pg := f; pg <= l; pg += pageSize {
@@ -140,21 +143,27 @@ func (c *regCache) drop(e *regEntry) error {
 	}
 	c.entries--
 	c.bytes -= int64(e.n)
-	return e.mr.Close()
+	return e.MR.Close()
 }
 
-// close deregisters every entry, in use or not.
-func (c *regCache) close() error {
-	seen := map[*regEntry]bool{}
+// Close deregisters every entry, in use or not.
+func (c *RegCache) Close() error {
+	seen := map[*RegEntry]bool{}
 	var errs []error
 	for _, list := range c.byPage {
 		for _, e := range list {
 			if !seen[e] {
 				seen[e] = true
-				errs = append(errs, e.mr.Close())
+				errs = append(errs, e.MR.Close())
 			}
 		}
 	}
-	c.byPage, c.idle, c.idleLen, c.entries, c.bytes = map[uintptr][]*regEntry{}, nil, 0, 0, 0
+	c.byPage, c.idle, c.idleLen, c.entries, c.bytes = map[uintptr][]*RegEntry{}, nil, 0, 0, 0
 	return errors.Join(errs...)
 }
+
+// Entries is the number of regions the cache holds, in use or not.
+func (c *RegCache) Entries() int { return c.entries }
+
+// Bytes is the memory the cache's regions cover.
+func (c *RegCache) Bytes() int64 { return c.bytes }

@@ -1,4 +1,4 @@
-package rc
+package verbsx
 
 import (
 	"testing"
@@ -7,7 +7,7 @@ import (
 )
 
 // TestRegCache: a buffer registered again, or a range inside it, hits
-// the cache; unused entries stay until more than maxIdle are unused,
+// the cache; unused entries stay until more than MaxIdle are unused,
 // the least recently used going first; Unexpose finds entries by rkey.
 func TestRegCache(t *testing.T) {
 	_, c := newDevice(t, softhca.Faults{})
@@ -16,54 +16,54 @@ func TestRegCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pd.Close()
-	rc := newRegCache(pd)
+	rc := NewRegCache(pd)
 	defer func() {
-		if err := rc.close(); err != nil {
+		if err := rc.Close(); err != nil {
 			t.Error(err)
 		}
 	}()
 	big := make([]byte, 3*int(pageSize)+100)
-	e, err := rc.get(big)
+	e, err := rc.Get(big)
 	if err != nil {
 		t.Fatal(err)
 	}
-	inner, err := rc.get(big[2*pageSize+5 : 2*pageSize+50])
+	inner, err := rc.Get(big[2*pageSize+5 : 2*pageSize+50])
 	if err != nil || inner != e || e.users != 2 {
 		t.Fatalf("a range inside a registered buffer: %v, same entry %v, %d users", err, inner == e, e.users)
 	}
-	if f := rc.find(e.addr, e.n, e.mr.RKey()); f != e {
+	if f := rc.Find(e.addr, e.n, e.MR.RKey()); f != e {
 		t.Fatal("find by rkey")
 	}
-	if f := rc.find(e.addr, e.n, e.mr.RKey()+1); f != nil {
+	if f := rc.Find(e.addr, e.n, e.MR.RKey()+1); f != nil {
 		t.Fatal("find with a wrong rkey")
 	}
-	rc.put(e)
-	rc.put(e)
+	rc.Put(e)
+	rc.Put(e)
 	if rc.entries != 1 || len(rc.idle) != 1 {
 		t.Fatalf("%d entries, %d idle", rc.entries, len(rc.idle))
 	}
-	if f := rc.find(e.addr, e.n, e.mr.RKey()); f != nil {
+	if f := rc.Find(e.addr, e.n, e.MR.RKey()); f != nil {
 		t.Fatal("find an unused entry: Unexpose twice would succeed")
 	}
 	// Reuse takes the entry out of the idle list.
-	if again, _ := rc.get(big); again != e || len(rc.idle) != 0 {
+	if again, _ := rc.Get(big); again != e || len(rc.idle) != 0 {
 		t.Fatal("reuse of an idle entry")
 	}
-	rc.put(e)
+	rc.Put(e)
 	// More unused buffers than the cache keeps: the oldest go.
-	bufs := make([][]byte, maxIdle+5)
+	bufs := make([][]byte, MaxIdle+5)
 	for i := range bufs {
 		bufs[i] = make([]byte, 64)
-		x, err := rc.get(bufs[i])
+		x, err := rc.Get(bufs[i])
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := rc.put(x); err != nil {
+		if err := rc.Put(x); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if len(rc.idle) != maxIdle || rc.entries != maxIdle {
-		t.Fatalf("%d idle of %d entries, want %d", len(rc.idle), rc.entries, maxIdle)
+	if len(rc.idle) != MaxIdle || rc.entries != MaxIdle {
+		t.Fatalf("%d idle of %d entries, want %d", len(rc.idle), rc.entries, MaxIdle)
 	}
 	for _, x := range rc.byPage[e.addr&^(pageSize-1)] {
 		if x == e {

@@ -1,0 +1,122 @@
+package verbsx
+
+import (
+	"github.com/xrcrun/xrc/internal/unix"
+	"github.com/xrcrun/xrc/transport"
+	"github.com/xrcrun/xrc/verbs"
+)
+
+// ChunkSize is the most bytes one RDMA READ of a Read moves.
+const ChunkSize = 1 << 20
+
+// ReadOp is one Read: its chunks, the registration of its destination,
+// and the first error of its chunks.
+type ReadOp struct {
+	ID     uint64
+	cookie uint64
+	entry  *RegEntry
+	left   int
+	err    error
+}
+
+// Chunk is one RDMA READ of a ReadOp, waiting to be posted.
+type Chunk struct {
+	Op    *ReadOp
+	local uint64
+	lkey  uint32
+	raddr uint64
+	rkey  uint32
+	n     uint32
+}
+
+// WR is the chunk's RDMA READ, signaled, with WR id wrid. The WR's
+// memory (dst) belongs to the device until its completion is polled.
+func (c Chunk) WR(wrid uint64) verbs.SendWR {
+	return verbs.SendWR{WRID: wrid, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
+		SG: []verbs.SGE{{Addr: c.local, Length: c.n, LKey: c.lkey}}, RemoteAddr: c.raddr, RKey: c.rkey}
+}
+
+// Reads tracks the Reads of a transport: it registers their destinations
+// through the cache, splits them into chunks, counts their completions and
+// queues the finished ones for the handler. Owned by the goroutine
+// driving the transport.
+type Reads struct {
+	cache *RegCache
+	ops   map[uint64]*ReadOp
+	next  uint64
+	done  []readDone
+}
+
+type readDone struct {
+	cookie uint64
+	err    error
+}
+
+// NewReads makes an empty tracker registering through cache.
+func NewReads(cache *RegCache) *Reads { return &Reads{cache: cache, ops: map[uint64]*ReadOp{}} }
+
+// Start starts a Read of len(dst) bytes from the remote memory at raddr
+// (rkey) into dst, and appends its chunks to queue. dst must stay alive
+// until the Read finishes; an empty dst finishes at once.
+func (r *Reads) Start(dst []byte, raddr uint64, rkey uint32, cookie uint64, queue []Chunk) ([]Chunk, error) {
+	if len(dst) == 0 {
+		r.done = append(r.done, readDone{cookie: cookie})
+		return queue, nil
+	}
+	e, err := r.cache.Get(dst)
+	if err != nil {
+		return queue, err
+	}
+	r.next++
+	op := &ReadOp{ID: r.next, cookie: cookie, entry: e}
+	r.ops[op.ID] = op
+	base := uint64(unix.AddrOf(dst))
+	for off := 0; off < len(dst); off += ChunkSize {
+		n := min(ChunkSize, len(dst)-off)
+		queue = append(queue, Chunk{Op: op, local: base + uint64(off), lkey: e.MR.LKey(),
+			raddr: raddr + uint64(off), rkey: rkey, n: uint32(n)})
+		op.left++
+	}
+	return queue, nil
+}
+
+// Op is the Read whose chunk completed with id, or nil.
+func (r *Reads) Op(id uint64) *ReadOp { return r.ops[id] }
+
+// ChunkDone counts a chunk of op as done (with err if it failed); the
+// last one finishes op.
+func (r *Reads) ChunkDone(op *ReadOp, err error) {
+	if op.err == nil {
+		op.err = err
+	}
+	op.left--
+	if op.left > 0 {
+		return
+	}
+	delete(r.ops, op.ID)
+	if perr := r.cache.Put(op.entry); op.err == nil {
+		op.err = perr
+	}
+	r.done = append(r.done, readDone{op.cookie, op.err})
+}
+
+// Fail ends the chunks of queue with err (their QP failed).
+func (r *Reads) Fail(queue []Chunk, err error) {
+	for _, c := range queue {
+		r.ChunkDone(c.Op, err)
+	}
+}
+
+// Finish reports the finished Reads to h and returns how many.
+func (r *Reads) Finish(h transport.Handler) int {
+	n := 0
+	for len(r.done) > 0 {
+		done := r.done
+		r.done = nil
+		for _, d := range done {
+			h.ReadDone(d.cookie, d.err)
+			n++
+		}
+	}
+	return n
+}

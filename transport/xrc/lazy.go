@@ -1,0 +1,263 @@
+package xrc
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/xrcrun/xrc/bootstrap"
+)
+
+// Lazy connection, through write-once keys of the bootstrap server.
+//
+// Every rank has a mailbox: the keys "xrc/mbox/RANK/0", "xrc/mbox/RANK/1",
+// …, each holding one message (record.go), put in the first free slot. A
+// goroutine reads the rank's own mailbox in order.
+//
+//   - A rank S that first needs a rank B of node Y (TrySend or Read)
+//     makes its INI QP toward Y if it has none (INIT) and puts a request
+//     (S, the INI QPN, its first PSN) in B's mailbox. It asks each rank it
+//     talks to once; the INI QP is shared.
+//   - B claims the TGT QP of S's INI QP on node Y: Put of the key
+//     "xrc/claim/Y/S". The first rank of Y to claim it creates the TGT QP,
+//     brings it to RTR toward the INI QP and publishes its number under
+//     "xrc/tgt/Y/S"; a rank whose claim fails (ErrKeyExists: another rank
+//     of Y was asked by S too) gets the number there (waiting until it is
+//     put) and opens the QP (XRCD.OpenQP). Either way B now tells S's
+//     frames apart by the TGT QPN, and puts a reply (B, TGT QPN) in S's
+//     mailbox. B also asks S in turn, if it has not, so that it can return
+//     credits.
+//   - S, at the first reply from a rank of Y, brings its INI QP to RTS
+//     toward the TGT QP; a rank whose reply came may get frames. Reads
+//     need only the INI QP at RTS.
+//
+// Bootstrap calls block, so they run in goroutines; the verbs work and
+// the transport's state change only in Progress (apply).
+type lazy struct {
+	t    *Transport
+	boot *bootstrap.Client
+	ctx  context.Context // the transport's: ends at Close
+
+	// connected is set once Connect has the records the messages refer to.
+	connected atomic.Bool
+
+	mu   sync.Mutex
+	acts []action // guarded by mu: learned by the goroutines, not applied yet
+}
+
+// An action is what a goroutine hands to Progress.
+type action struct {
+	kind actKind
+	m    message // the request or reply it is about
+	qpn  uint32  // actOpen: the TGT QP to open
+	err  error   // actFail
+}
+
+type actKind uint8
+
+const (
+	actRequest actKind = iota // a request came: claim the TGT QP
+	actReply                  // a reply came
+	actCreate                 // the claim succeeded: create the TGT QP
+	actOpen                   // the claim failed: open the TGT QP qpn
+	actFail                   // a bootstrap call toward m.rank failed
+)
+
+func newLazy(t *Transport, ctx context.Context) *lazy {
+	return &lazy{t: t, boot: t.cfg.Bootstrap, ctx: ctx}
+}
+
+func mailboxKey(rank, slot int) string { return fmt.Sprintf("xrc/mbox/%d/%d", rank, slot) }
+func claimKey(node, rank int) string   { return fmt.Sprintf("xrc/claim/%d/%d", node, rank) }
+func tgtKey(node, rank int) string     { return fmt.Sprintf("xrc/tgt/%d/%d", node, rank) }
+
+func (l *lazy) push(a action) {
+	l.mu.Lock()
+	l.acts = append(l.acts, a)
+	l.mu.Unlock()
+	l.t.cfg.Kick()
+}
+
+// start makes the INI QP toward p's node if there is none and asks p.
+// Called by the goroutine driving the transport; the error is that of
+// p's node, failed.
+func (l *lazy) start(p *peer) error {
+	n, t := p.node, l.t
+	if n.state == connFailed {
+		return n.err
+	}
+	if p.asked {
+		return nil
+	}
+	if n.ini == nil {
+		if err := t.createINI(n); err != nil {
+			t.fail(n, err)
+			return err
+		}
+	}
+	p.asked = true
+	req := message{kind: msgRequest, rank: t.cfg.Rank, qpn: n.ini.Num(), psn: n.psn}
+	t.wg.Go(func() { l.put(p.rank, req) })
+	return nil
+}
+
+// put puts m in rank's mailbox, in its first free slot.
+func (l *lazy) put(rank int, m message) {
+	val := m.encode()
+	for slot := 0; ; slot++ {
+		err := l.boot.Put(l.ctx, mailboxKey(rank, slot), val)
+		if err == nil {
+			return
+		}
+		if errors.Is(err, bootstrap.ErrKeyExists) {
+			continue
+		}
+		if l.ctx.Err() == nil {
+			l.push(action{kind: actFail, m: message{rank: rank}, err: fmt.Errorf("mailbox of rank %d: %w", rank, err)})
+		}
+		return
+	}
+}
+
+// readMailbox takes this rank's messages in order until ctx ends.
+func (l *lazy) readMailbox(ctx context.Context) {
+	for slot := 0; ; slot++ {
+		v, err := l.boot.Get(ctx, mailboxKey(l.t.cfg.Rank, slot))
+		if err != nil {
+			if ctx.Err() == nil {
+				l.t.log.Error("lazy connect: mailbox", "err", err)
+			}
+			return
+		}
+		m, err := parseMessage(v, l.t.n)
+		if err != nil {
+			l.t.m.Bad.Inc()
+			l.t.log.Warn("lazy connect: dropped a message", "slot", slot, "err", err)
+			continue
+		}
+		kind := actRequest
+		if m.kind == msgReply {
+			kind = actReply
+		}
+		l.push(action{kind: kind, m: m})
+	}
+}
+
+// claim claims the TGT QP of the INI QP of req's sender on this node.
+func (l *lazy) claim(req message) {
+	me := l.t.cfg.Nodes[l.t.cfg.Rank]
+	err := l.boot.Put(l.ctx, claimKey(me, req.rank), binary.LittleEndian.AppendUint32(nil, uint32(l.t.cfg.Rank)))
+	switch {
+	case err == nil:
+		l.push(action{kind: actCreate, m: req})
+		return
+	case errors.Is(err, bootstrap.ErrKeyExists):
+		var v []byte
+		if v, err = l.boot.Get(l.ctx, tgtKey(me, req.rank)); err == nil {
+			if len(v) != 4 || !validNum(binary.LittleEndian.Uint32(v)) {
+				err = fmt.Errorf("%w: TGT QP number %x for rank %d", errRecord, v, req.rank)
+			} else {
+				l.push(action{kind: actOpen, m: req, qpn: binary.LittleEndian.Uint32(v)})
+				return
+			}
+		}
+	}
+	if l.ctx.Err() == nil {
+		l.push(action{kind: actFail, m: req, err: fmt.Errorf("claim the TGT QP of rank %d: %w", req.rank, err)})
+	}
+}
+
+// publish makes the TGT QP num, created for rank's INI QP, known to the
+// other ranks of the node, then replies to rank.
+func (l *lazy) publish(rank int, num uint32) {
+	me := l.t.cfg.Nodes[l.t.cfg.Rank]
+	if err := l.boot.Put(l.ctx, tgtKey(me, rank), binary.LittleEndian.AppendUint32(nil, num)); err != nil {
+		if l.ctx.Err() == nil {
+			l.push(action{kind: actFail, m: message{rank: rank}, err: fmt.Errorf("publish the TGT QP of rank %d: %w", rank, err)})
+		}
+		return
+	}
+	l.put(rank, message{kind: msgReply, rank: l.t.cfg.Rank, qpn: num})
+}
+
+// apply carries out the actions the goroutines handed over. Called by
+// Progress.
+func (l *lazy) apply() {
+	if !l.connected.Load() {
+		return
+	}
+	l.mu.Lock()
+	acts := l.acts
+	l.acts = nil
+	l.mu.Unlock()
+	t := l.t
+	for _, a := range acts {
+		p := t.peers[a.m.rank]
+		if p == nil {
+			t.m.Bad.Inc()
+			t.log.Warn("lazy connect: a message from a rank of this node", "from", a.m.rank)
+			continue
+		}
+		n := p.node
+		if n.state == connFailed {
+			continue
+		}
+		if err := l.do(p, a); err != nil {
+			t.fail(n, err)
+		}
+	}
+}
+
+func (l *lazy) do(p *peer, a action) error {
+	t, n := l.t, p.node
+	switch a.kind {
+	case actRequest:
+		if p.known || t.tgts[p.rank] != nil {
+			t.m.Bad.Inc()
+			t.log.Warn("lazy connect: a second request", "from", p.rank)
+			return nil
+		}
+		t.wg.Go(func() { l.claim(a.m) })
+		// Frames from p need credits returned: ask p in turn.
+		return l.start(p)
+	case actCreate:
+		g, err := t.createTGT(p.rank)
+		if err != nil {
+			return err
+		}
+		if err := t.connectTGT(g, p, a.m.qpn, a.m.psn); err != nil {
+			return err
+		}
+		num := g.qp.Num()
+		t.wg.Go(func() { l.publish(p.rank, num) })
+	case actOpen:
+		if err := t.openTGT(p, a.qpn); err != nil {
+			return err
+		}
+		reply := message{kind: msgReply, rank: t.cfg.Rank, qpn: a.qpn}
+		t.wg.Go(func() { l.put(p.rank, reply) })
+	case actReply:
+		switch {
+		case !p.asked || p.acked:
+			t.m.Bad.Inc()
+			t.log.Warn("lazy connect: an unexpected reply", "from", p.rank)
+			return nil
+		case n.state == connConnecting:
+			if err := t.connectINI(n, a.m.qpn, p.rec.gid, p.rec.mtu); err != nil {
+				return err
+			}
+		case n.tgt != a.m.qpn:
+			return nodeError(n, "rank %d names TGT QP %#x, the INI QP is connected to %#x", p.rank, a.m.qpn, n.tgt)
+		}
+		p.acked = true
+		if len(n.pending) > 0 {
+			t.markDirty(n)
+		}
+	case actFail:
+		return nodeError(n, "lazy connect: %w", a.err)
+	}
+	return nil
+}

@@ -1,0 +1,106 @@
+package xrc
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/xrcrun/xrc/softhca"
+)
+
+// TestLazy: with lazy connection no QP exists before the first frame. A
+// frame from rank 0 to rank 1 makes rank 0's INI QP toward node 1, and
+// rank 1 creates the TGT QP for it; rank 1 answers, making its own INI QP
+// and a TGT QP on node 0. Rank 0 then reaches rank 3 over the same INI QP:
+// rank 3 opens the TGT QP rank 1 created. A read needs only the INI QP.
+func TestLazy(t *testing.T) {
+	cs := clients(t, twoByTwo)
+	j := job(t, twoByTwo, false, softhca.Faults{}, func(c *Config) { c.Lazy, c.Bootstrap = true, cs[c.Rank] })
+	ends := j.ends
+	for node, d := range j.devs {
+		if o := d.Objects(); o.QPs != 0 || o.XRCDs != 1 || o.SRQs != 2 {
+			t.Fatalf("node %d before traffic: %+v", node, o)
+		}
+	}
+	send := func(from, to int, n int) {
+		t.Helper()
+		sent := 0
+		progress(t, ends, func() bool {
+			for sent < n {
+				ok, err := ends[from].tr.TrySend(to, pattern(from+to, 100+sent))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !ok {
+					break
+				}
+				sent++
+			}
+			return len(ends[to].h.frames[from]) == n
+		})
+		for i, f := range ends[to].h.frames[from] {
+			if !bytes.Equal(f, pattern(from+to, 100+i)) {
+				t.Fatalf("frame %d from %d to %d differs", i, from, to)
+			}
+		}
+	}
+	send(0, 1, 300) // more than the credits: rank 1 returns them over its own INI QP
+	type want struct{ ini, created, opened int }
+	check := func(stage string, w []want) {
+		t.Helper()
+		// The answering rank's connection back comes up on its own time.
+		progress(t, ends, func() bool {
+			for r, e := range ends {
+				if st := e.tr.Stats(); st.Connected != w[r].ini || st.TGTCreated != w[r].created {
+					return false
+				}
+			}
+			return true
+		})
+		for r, e := range ends {
+			st := e.tr.Stats()
+			if st.INIQPs != w[r].ini || st.Connected != w[r].ini || st.TGTCreated != w[r].created || st.TGTOpened != w[r].opened {
+				t.Errorf("%s: rank %d: %+v, want %+v", stage, r, st, w[r])
+			}
+		}
+	}
+	check("0 to 1", []want{{1, 1, 0}, {1, 1, 0}, {0, 0, 0}, {0, 0, 0}})
+	send(0, 3, 50)
+	// Rank 3 opened the TGT QP of rank 0's INI QP, and answered with an
+	// INI QP of its own, whose TGT QP rank 0 created.
+	check("0 to 3", []want{{1, 2, 0}, {1, 1, 0}, {0, 0, 0}, {1, 0, 1}})
+	if st := ends[0].tr.Stats(); st.HandshakeTime <= 0 {
+		t.Errorf("no handshake time: %+v", st)
+	}
+	// Rank 2 reads from rank 1 with no frame sent: its INI QP toward
+	// node 1 comes up (rank 1 claims and creates its TGT QP).
+	src := pattern(9, 3<<20)
+	rm, err := ends[1].tr.Expose(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, len(src))
+	if err := ends[2].tr.Read(1, dst, rm, 1); err != nil {
+		t.Fatal(err)
+	}
+	progress(t, ends, func() bool { _, ok := ends[2].h.reads[1]; return ok })
+	if err := ends[2].h.reads[1]; err != nil || !bytes.Equal(dst, src) {
+		t.Fatalf("read: %v", err)
+	}
+	// Node 1 holds the INI QPs of ranks 1 and 3 and the TGT QPs of
+	// ranks 0 and 2; node 0 the INI QPs of ranks 0 and 2 and the TGT QPs
+	// of ranks 1 and 3.
+	for node, want := range map[int]int{0: 2 + 2, 1: 2 + 2} {
+		if o := j.devs[node].Objects(); o.QPs != want {
+			t.Errorf("node %d: %d QPs, want %d", node, o.QPs, want)
+		}
+	}
+	for _, e := range ends {
+		e.h = newHandler()
+	}
+	allToAll(t, ends, 20) // everyone else connects on demand
+	for node, d := range j.devs {
+		if o := d.Objects(); o.QPs != 4 || o.XRCDs != 1 || o.SRQs != 2 {
+			t.Errorf("node %d after all-to-all: %+v, want what eager connection makes", node, o)
+		}
+	}
+}

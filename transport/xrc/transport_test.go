@@ -1,0 +1,340 @@
+package xrc
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"hash/crc64"
+	"testing"
+
+	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/transport"
+	"github.com/xrcrun/xrc/verbs"
+)
+
+// twoByTwo places ranks 0 and 2 on node 0, 1 and 3 on node 1.
+var twoByTwo = []int{0, 1, 0, 1}
+
+// TestEagerObjects: with two nodes of two ranks connected at Connect,
+// each node's device holds one XRC domain, two XRC SRQs (one per rank),
+// two INI QPs (one per rank, toward the other node) and two TGT QPs (one
+// per remote rank's INI QP), each created by one rank and opened by the
+// other.
+func TestEagerObjects(t *testing.T) {
+	j := job(t, twoByTwo, false, softhca.Faults{}, nil)
+	for node, d := range j.devs {
+		o := d.Objects()
+		if o.XRCDs != 1 || o.SRQs != 2 || o.QPs != 4 {
+			t.Errorf("node %d: %+v, want 1 XRC domain, 2 SRQs, 4 QPs (2 INI, 2 TGT)", node, o)
+		}
+	}
+	for r, e := range j.ends {
+		st := e.tr.Stats()
+		if st.INIQPs != 1 || st.Connected != 1 || st.TGTCreated != 1 || st.TGTOpened != 1 || st.SRQs != 1 ||
+			st.QueueBytes <= 0 || st.RegisteredBytes <= 0 || st.SetupTime <= 0 {
+			t.Errorf("rank %d: %+v", r, st)
+		}
+	}
+	allToAll(t, j.ends, 20)
+}
+
+// allToAll sends n frames from every rank to every rank of the other
+// nodes, of sizes from 0 bytes to the eager size, keeping as many in
+// flight as the transports take, and checks that they arrive intact and
+// in order.
+func allToAll(t *testing.T, ends []*end, n int) {
+	t.Helper()
+	type pair struct{ from, to int }
+	sent := map[pair]int{}
+	max := ends[0].tr.MaxEager()
+	size := func(i int) int {
+		switch i % 5 {
+		case 0:
+			return 8 // inline
+		case 1:
+			return 0
+		case 2:
+			return max
+		}
+		return 8 + i*37%(max-8)
+	}
+	frame := func(p pair, i int) [][]byte {
+		b := pattern(p.from*100000+p.to*1000+i, size(i))
+		if len(b) >= 8 {
+			binary.LittleEndian.PutUint64(b, uint64(i))
+		}
+		return [][]byte{b[:len(b)/2], b[len(b)/2:]}
+	}
+	var pairs []pair
+	for from, e := range ends {
+		for to := range ends {
+			if e.tr.Reaches(to) {
+				pairs = append(pairs, pair{from, to})
+			}
+		}
+	}
+	progress(t, ends, func() bool {
+		done := true
+		for _, p := range pairs {
+			for sent[p] < n {
+				ok, err := ends[p.from].tr.TrySend(p.to, frame(p, sent[p])...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !ok {
+					break
+				}
+				sent[p]++
+			}
+			done = done && len(ends[p.to].h.frames[p.from]) == n
+		}
+		return done
+	})
+	for _, p := range pairs {
+		for i, f := range ends[p.to].h.frames[p.from] {
+			want := frame(p, i)
+			if !bytes.Equal(f, append(want[0], want[1]...)) {
+				t.Fatalf("frame %d from %d to %d: %d bytes, differs (want %d)", i, p.from, p.to, len(f), size(i))
+			}
+		}
+	}
+}
+
+// TestSharedSendQueue: few credits and the smallest send queue, shared by
+// the frames to both ranks of the other node and by credit messages:
+// thousands of frames arrive in order, and nothing is RNR NAKed.
+func TestSharedSendQueue(t *testing.T) {
+	j := job(t, twoByTwo, false, softhca.Faults{}, func(c *Config) { c.SRQDepth, c.SendDepth, c.SendSlots = 24, 8, 4 })
+	allToAll(t, j.ends, 1500)
+}
+
+// TestReads: every rank reads buffers every rank of the other node
+// exposed, through its one INI QP toward that node, each READ naming the
+// SRQ (and so the PD) of the rank that exposed the memory; reads of 1 byte
+// to several chunks, all at once.
+func TestReads(t *testing.T) {
+	j := job(t, twoByTwo, false, softhca.Faults{}, nil)
+	ends := j.ends
+	srcs := make([][]byte, len(ends))
+	rms := make([]transport.Remote, len(ends))
+	for r, e := range ends {
+		srcs[r] = pattern(r+1, 3<<20+17)
+		var err error
+		if rms[r], err = e.tr.Expose(srcs[r]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type rd struct {
+		reader, from int
+		dst          []byte
+	}
+	reads := map[uint64]rd{}
+	var cookie uint64
+	for r, e := range ends {
+		for from := range ends {
+			if !e.tr.Reaches(from) {
+				continue
+			}
+			for _, n := range []int{1, 4097, 1 << 20, 3<<20 + 17} {
+				cookie++
+				dst := make([]byte, n)
+				reads[cookie] = rd{r, from, dst}
+				if err := e.tr.Read(from, dst, rms[from], cookie); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	progress(t, ends, func() bool {
+		k := 0
+		for _, e := range ends {
+			k += len(e.h.reads)
+		}
+		return k == len(reads)
+	})
+	for c, x := range reads {
+		if err, ok := ends[x.reader].h.reads[c]; !ok || err != nil {
+			t.Fatalf("read %d by %d from %d: %v, %v", c, x.reader, x.from, ok, err)
+		}
+		if !bytes.Equal(x.dst, srcs[x.from][:len(x.dst)]) {
+			t.Fatalf("read of %d bytes by %d from %d differs", len(x.dst), x.reader, x.from)
+		}
+	}
+	for r, e := range ends {
+		if err := e.tr.Unexpose(rms[r]); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestBadInput: remotes of another transport or rank, frames too large,
+// ranks of this node, and unexposing twice are refused with clear errors.
+func TestBadInput(t *testing.T) {
+	j := job(t, twoByTwo, false, softhca.Faults{}, nil)
+	tr := j.ends[0].tr
+	buf := make([]byte, 100)
+	good, err := j.ends[1].tr.Expose(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcLike := append(transport.Remote(nil), good...)
+	rcLike[0] = 'R'
+	for name, src := range map[string]transport.Remote{"rc's": rcLike, "short": good[:10], "empty": nil} {
+		if err := tr.Read(1, buf[:10], src, 1); !errors.Is(err, transport.ErrBadRemote) {
+			t.Errorf("%s remote: %v", name, err)
+		}
+	}
+	if err := tr.Read(3, buf[:10], good, 1); !errors.Is(err, transport.ErrBadRemote) {
+		t.Errorf("rank 1's remote read from rank 3: %v", err)
+	}
+	if err := tr.Read(1, make([]byte, 101), good, 1); !errors.Is(err, transport.ErrBadRemote) {
+		t.Errorf("read past the remote: %v", err)
+	}
+	if err := tr.Unexpose(good); !errors.Is(err, transport.ErrBadRemote) {
+		t.Errorf("unexpose another rank's remote: %v", err)
+	}
+	if ok, err := tr.TrySend(1, make([]byte, tr.MaxEager()+1)); ok || err == nil {
+		t.Errorf("oversized frame: %v, %v", ok, err)
+	}
+	if _, err := tr.TrySend(2, []byte("x")); !errors.Is(err, transport.ErrUnreachable) {
+		t.Errorf("send to a rank of this node: %v", err)
+	}
+	if err := j.ends[1].tr.Unexpose(good); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.ends[1].tr.Unexpose(good); !errors.Is(err, transport.ErrBadRemote) {
+		t.Errorf("unexpose twice: %v", err)
+	}
+}
+
+// TestRecords: malformed or inconsistent records are refused by Connect
+// with errors that say what is wrong.
+func TestRecords(t *testing.T) {
+	fab := softhca.NewFabric()
+	d := newDevice(t, fab, softhca.Faults{})
+	c, err := d.Open(verbs.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tr, err := New(Config{Device: c, Rank: 0, Nodes: []int{0, 1}, Kick: func() {}, DomainFile: t.TempDir() + "/d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	good := tr.Record()
+	r, _ := parseRecord(good, 2)
+	noINI := *r
+	noINI.inis = nil
+	badSRQ := append([]byte(nil), good...)
+	binary.LittleEndian.PutUint32(badSRQ[24:], 0)
+	for name, tc := range map[string]struct {
+		rec  []byte
+		want string
+	}{
+		"empty":   {nil, "0 bytes"},
+		"version": {append([]byte{9}, good[1:]...), "version 9"},
+		"short":   {good[:len(good)-1], "bytes for"},
+		"srqn":    {badSRQ, "SRQ number"},
+		"no INI":  {noINI.encode(2), "no INI QP toward node 0"},
+	} {
+		err := tr.Connect(context.Background(), []transport.Peer{{Rank: 0, Record: good}, {Rank: 1, Node: 1, Record: tc.rec}})
+		if err == nil || !bytes.Contains([]byte(err.Error()), []byte(tc.want)) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+	if err := tr.Connect(context.Background(), []transport.Peer{{Rank: 0, Record: good}, {Rank: 1, Node: 0, Record: good}}); err == nil {
+		t.Error("a peer on the wrong node: connected")
+	}
+}
+
+// FuzzRecord: parsing never panics, and what parses encodes back the same.
+func FuzzRecord(f *testing.F) {
+	f.Add((&record{mtu: verbs.MTU1024, srqn: 5, inis: []iniEntry{{1, 0x48, 7}}, tgts: []tgtEntry{{1, 0x800049}}}).encode(2), 2)
+	f.Add(message{kind: msgRequest, rank: 1, qpn: 9, psn: 3}.encode(), 2)
+	f.Fuzz(func(t *testing.T, b []byte, n int) {
+		if n < 0 || n > 1000 {
+			return
+		}
+		if r, err := parseRecord(b, n); err == nil && !bytes.Equal(r.encode(n)[4:], b[4:]) {
+			t.Fatalf("record round trip of %x", b)
+		}
+		if m, err := parseMessage(b, n); err == nil && !bytes.Equal(m.encode(), b) {
+			t.Fatalf("message round trip of %x", b)
+		}
+	})
+}
+
+// TestLossy: two nodes of two ranks whose soft HCAs speak RoCEv2 on UDP
+// and lose 5% of their packets: frames, each with its checksum, and reads
+// of checksummed buffers all arrive intact and in order.
+func TestLossy(t *testing.T) {
+	j := job(t, twoByTwo, true, softhca.Faults{Loss: 0.05, Seed: 5}, func(c *Config) { c.SRQDepth = 64 })
+	table := crc64.MakeTable(crc64.ECMA)
+	sum := func(b []byte) []byte {
+		return binary.LittleEndian.AppendUint64(nil, crc64.Checksum(b, table))
+	}
+	allToAll(t, j.ends, 300)
+	for _, e := range j.ends {
+		for from, fs := range e.h.frames {
+			for i, f := range fs {
+				if len(f) >= 8 && binary.LittleEndian.Uint64(f) != uint64(i) {
+					t.Fatalf("frame %d from %d: sequence %d", i, from, binary.LittleEndian.Uint64(f))
+				}
+			}
+		}
+	}
+	src := pattern(77, 2<<20+5)
+	want := sum(src)
+	rm, err := j.ends[1].tr.Expose(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsts := [][]byte{make([]byte, len(src)), make([]byte, len(src))}
+	for i, r := range []int{0, 2} {
+		if err := j.ends[r].tr.Read(1, dsts[i], rm, uint64(10+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	progress(t, j.ends, func() bool { return len(j.ends[0].h.reads) == 1 && len(j.ends[2].h.reads) == 1 })
+	for i, r := range []int{0, 2} {
+		if err := j.ends[r].h.reads[uint64(10+i)]; err != nil || !bytes.Equal(sum(dsts[i]), want) {
+			t.Fatalf("rank %d's read: %v, checksum differs: %v", r, err, !bytes.Equal(sum(dsts[i]), want))
+		}
+	}
+	var drops, retx uint64
+	for _, d := range j.devs {
+		drops += d.Counters().FaultDrops.Load()
+		retx += d.Counters().Retransmits.Load()
+	}
+	t.Logf("%d packets dropped, %d retransmitted", drops, retx)
+	if drops == 0 || retx == 0 {
+		t.Error("no packet lost or retransmitted")
+	}
+}
+
+// TestReadNamesSRQ: the remote device checks a READ's rkey against the PD
+// of the SRQ it names: a read of rank 1's memory naming rank 3's SRQ (a
+// PD of another process) fails, as the transport's reads would if they
+// named any SRQ but the exposing rank's.
+func TestReadNamesSRQ(t *testing.T) {
+	j := job(t, twoByTwo, false, softhca.Faults{}, nil)
+	src := pattern(3, 5000)
+	rm, err := j.ends[1].tr.Expose(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := j.ends[0].tr
+	tr.peers[1].srqn = tr.peers[3].srqn
+	if err := tr.Read(1, make([]byte, len(src)), rm, 1); err != nil {
+		t.Fatal(err)
+	}
+	progress(t, j.ends[:1], func() bool { _, ok := j.ends[0].h.reads[1]; return ok })
+	if err := j.ends[0].h.reads[1]; err == nil {
+		t.Fatal("a read naming another rank's SRQ succeeded")
+	}
+	if _, err := tr.TrySend(3, []byte("x")); err == nil {
+		t.Error("the INI QP failed, yet a send toward its node was taken")
+	}
+}
