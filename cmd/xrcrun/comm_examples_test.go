@@ -70,3 +70,47 @@ func TestConnectionReport(t *testing.T) {
 		}
 	}
 }
+
+// TestAlltoallLossy: 4 nodes of 4 ranks whose soft HCAs lose 5% of the
+// packets they send exchange messages of 0 bytes to 4 MiB, every one
+// checksummed, over RC and over XRC.
+func TestAlltoallLossy(t *testing.T) {
+	t.Parallel()
+	for _, tr := range []string{"rc", "xrc"} {
+		j := startJob(t, "../..", nil, "-n", "16", "--nodes", "4", "--transport", tr, "--connect", "eager",
+			"--loss", "0.05", "--seed", "7", "./examples/alltoall", "-max", "4194304")
+		if st := j.wait(10 * time.Minute); st != 0 {
+			t.Fatalf("%s: exit status %d\n%s", tr, st, j.stderr.String())
+		}
+		if out := j.out(); !strings.Contains(out, "every checksum right") {
+			t.Fatalf("%s: output %q", tr, out)
+		}
+	}
+}
+
+// TestAlltoall64 runs 64 ranks on 8 emulated nodes through alltoall over
+// XRC, connected at start: 56 INI and 56 TGT QPs per node.
+func TestAlltoall64(t *testing.T) {
+	t.Parallel()
+	j := startJob(t, "../..", nil, "-n", "64", "--nodes", "8", "--transport", "xrc", "--connect", "eager",
+		"./examples/alltoall", "-max", "65536", "-json")
+	if st := j.wait(10 * time.Minute); st != 0 {
+		t.Fatalf("exit status %d\n%s", st, j.stderr.String())
+	}
+	var nodes []comm.NodeReport
+	for _, line := range strings.Split(j.out(), "\n") {
+		if strings.HasPrefix(line, "[") {
+			if err := json.Unmarshal([]byte(line), &nodes); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if len(nodes) != 8 {
+		t.Fatalf("report of %d nodes:\n%s", len(nodes), j.out())
+	}
+	for _, n := range nodes {
+		if n.Ranks != 8 || n.INIQPs != 56 || n.TGTQPs != 56 || n.RCQPs != 0 {
+			t.Errorf("node %+v, want 8 ranks, 56 INI and 56 TGT QPs", n)
+		}
+	}
+}

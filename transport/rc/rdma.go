@@ -71,7 +71,7 @@ func (t *Transport) postReads(p *peer) {
 	if p.state != peerReady {
 		return
 	}
-	for len(p.pending) > 0 && p.readsOut < t.core.MaxRd && p.sqUsed < t.cfg.SendDepth-1 {
+	for len(p.pending) > 0 && p.readsOut < t.core.MaxRd && p.sqUsed < t.cfg.SendDepth-1 && t.core.Reads.Room() {
 		c := p.pending[0]
 		wr := c.WR(wrRead | c.Op.ID)
 		if err := p.qp.PostSend(&wr); err != nil {
@@ -82,5 +82,6 @@ func (t *Transport) postReads(p *peer) {
 		p.pending = p.pending[1:]
 		p.sqUsed++
 		p.readsOut++
+		t.core.Reads.InFlight++
 	}
 }

@@ -82,7 +82,7 @@ func (t *Transport) postReads(n *node) {
 	if n.state != connReady {
 		return
 	}
-	for len(n.pending) > 0 && n.readsOut < t.core.MaxRd && n.sqUsed < t.cfg.SendDepth-1 {
+	for len(n.pending) > 0 && n.readsOut < t.core.MaxRd && n.sqUsed < t.cfg.SendDepth-1 && t.core.Reads.Room() {
 		c := n.pending[0]
 		wr := c.WR(wrRead | c.Op.ID)
 		wr.RemoteSRQNum = c.srqn
@@ -94,5 +94,6 @@ func (t *Transport) postReads(n *node) {
 		n.pending = n.pending[1:]
 		n.sqUsed++
 		n.readsOut++
+		t.core.Reads.InFlight++
 	}
 }

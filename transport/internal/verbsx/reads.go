@@ -7,7 +7,15 @@ import (
 )
 
 // ChunkSize is the most bytes one RDMA READ of a Read moves.
-const ChunkSize = 1 << 20
+const ChunkSize = 256 << 10
+
+// MaxInFlight is how many READ chunks a transport has outstanding at
+// once, over all its QPs: the responses of every READ posted come back to
+// this rank's device at once, and a device's receive buffers (a soft
+// HCA's socket buffer, a NIC's) hold only so much before they drop what
+// comes, which the READs must then ask for again. A megabyte in flight
+// keeps a loopback link busy.
+const MaxInFlight = 4
 
 // ReadOp is one Read: its chunks, the registration of its destination,
 // and the first error of its chunks.
@@ -45,7 +53,13 @@ type Reads struct {
 	ops   map[uint64]*ReadOp
 	next  uint64
 	done  []readDone
+	// InFlight is the chunks posted and not completed, over all QPs; the
+	// transport posts another only while it is below MaxInFlight.
+	InFlight int
 }
+
+// Room reports whether another chunk may be posted now.
+func (r *Reads) Room() bool { return r.InFlight < MaxInFlight }
 
 type readDone struct {
 	cookie uint64
