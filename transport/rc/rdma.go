@@ -30,7 +30,7 @@ func (t *Transport) Unexpose(rm transport.Remote) error {
 
 // Read pulls len(dst) bytes of the memory src describes, which rank
 // exposed, into dst with RDMA READs over this rank's QP toward rank, in
-// chunks of at most 1 MiB, as many at once as the QP allows. dst is
+// chunks of verbsx.ChunkSize, as many at once as the QP and verbsx.MaxInFlight allow. dst is
 // registered (through the cache) until the last chunk completes; the
 // handler of a later Progress gets ReadDone(cookie). A Remote not made by
 // rc at rank, or shorter than dst, is refused with ErrBadRemote.

@@ -31,7 +31,7 @@ func (t *Transport) Unexpose(rm transport.Remote) error {
 
 // Read pulls len(dst) bytes of the memory src describes, which rank
 // exposed, into dst with RDMA READs over this rank's INI QP toward rank's
-// node, each naming rank's SRQ, in chunks of at most 1 MiB, as many at
+// node, each naming rank's SRQ, in chunks of verbsx.ChunkSize, as many at
 // once as the QP allows. dst is registered (through the cache) until the
 // last chunk completes; the handler of a later Progress gets
 // ReadDone(cookie). A Remote not made by xrc at rank, or shorter than
