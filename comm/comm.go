@@ -337,7 +337,7 @@ func (c *Comm) Isend(buf []byte, dst, tag int) (*Request, error) {
 	r := newRequest(e)
 	r.c = c
 	h := header{ctx: c.ctx, src: int32(c.rank), tag: int32(tag), length: uint64(len(buf))}
-	var hb [hdrLen]byte
+	hb := &e.hdr // the lock is held; send copies it
 	if len(buf) <= e.eagerMax {
 		h.kind = kindEager
 		h.put(hb[:])

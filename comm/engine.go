@@ -40,6 +40,7 @@ type engine struct {
 	backlog    map[int][]queued // frames to a rank that did not fit yet, in order
 	bad        uint64           // malformed or impossible frames received
 
+	hdr      [hdrLen]byte  // scratch for a frame's header, under the lock
 	token    chan struct{} // held by the goroutine driving progress
 	eagerMax int           // largest payload sent eagerly
 	spin     time.Duration // how long a driver polls before it sleeps

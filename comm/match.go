@@ -36,19 +36,17 @@ func (e *engine) Deliver(from int, f []byte) {
 		r.complete(r.st, err)
 		return
 	}
-	m := &inMsg{h: h, world: from}
+	in := inMsg{h: h, world: from}
 	for i, r := range e.posted[h.ctx] {
-		if r.c.matches(r, m) {
-			q := e.posted[h.ctx]
-			copy(q[i:], q[i+1:])
-			q[len(q)-1] = nil
-			e.posted[h.ctx] = q[:len(q)-1]
-			e.deliverTo(r, m, body)
+		if r.c.matches(r, &in) {
+			e.posted[h.ctx] = removeAt(e.posted[h.ctx], i)
+			e.deliverTo(r, &in, body)
 			return
 		}
 	}
 	// Unexpected: keep a copy, since body is the transport's until we
 	// return.
+	m := &inMsg{h: h, world: from}
 	if h.kind == kindEager {
 		m.data = append([]byte(nil), body...)
 	} else {
@@ -159,13 +157,24 @@ func (e *engine) takeUnexpected(c *Comm, r *Request) *inMsg {
 	q := e.unexpected[c.ctx]
 	for i, m := range q {
 		if c.matches(r, m) {
-			copy(q[i:], q[i+1:])
-			q[len(q)-1] = nil
-			e.unexpected[c.ctx] = q[:len(q)-1]
+			e.unexpected[c.ctx] = removeAt(q, i)
 			return m
 		}
 	}
 	return nil
+}
+
+// removeAt removes q[i], keeping the order of the rest. The first element,
+// the common case of a queue matched in order, goes without moving the
+// others.
+func removeAt[T any](q []*T, i int) []*T {
+	if i == 0 {
+		q[0] = nil
+		return q[1:]
+	}
+	copy(q[i:], q[i+1:])
+	q[len(q)-1] = nil
+	return q[:len(q)-1]
 }
 
 // pushKey names a message being pushed: its sender's world rank and the
