@@ -35,10 +35,12 @@ type RegEntry struct {
 	users int
 }
 
-// Bounds of the unused entries the cache keeps.
+// Bounds of the unused entries the cache keeps. An idle entry keeps its
+// memory registered (pinned) and, for Go memory, reachable: the bounds
+// keep a program that sends from fresh buffers from holding them all.
 const (
-	MaxIdle      = 64
-	MaxIdleBytes = 256 << 20
+	MaxIdle      = 16
+	MaxIdleBytes = 32 << 20
 	// Entries are indexed by page for the lookup; a huge buffer is
 	// indexed by its first page only, and found only from there.
 	maxIndexedPages = 1024
