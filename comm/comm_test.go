@@ -3,7 +3,6 @@ package comm
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/xrcrun/xrc/bootstrap"
+	"github.com/xrcrun/xrc/bootstrap/boottest"
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/verbs"
 )
@@ -127,14 +127,7 @@ func worldDevs(t testing.TB, n int, l layout) ([]*Comm, map[int]*softhca.Device)
 	devs := nodeDevices(t, n, l)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	key := make([]byte, 32)
-	rand.Read(key)
-	srv, err := bootstrap.Listen(ctx, "127.0.0.1:0", bootstrap.ServerConfig{Size: n, Key: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ctx)
-	t.Cleanup(func() { srv.Close() })
+	addr, key := boottest.Server(t, n)
 	dir := t.TempDir()
 	local := map[int]int{}
 	for r := range n {
@@ -150,7 +143,7 @@ func worldDevs(t testing.TB, n int, l layout) ([]*Comm, map[int]*softhca.Device)
 		seen[node]++
 		wg.Go(func() {
 			env := bootstrap.Env{Rank: r, Size: n, LocalRank: lr, LocalSize: local[node], Node: node, Nodes: len(local),
-				Addr: srv.Addr(), Key: key, JobID: "t", Connect: l.connect, Transport: l.transport}
+				Addr: addr, Key: key, JobID: "t", Connect: l.connect, Transport: l.transport}
 			c, err := bootstrap.Join(ctx, env.Addr, key, bootstrap.Member{Rank: r, Node: node, LocalRank: lr}, n, bootstrap.ClientConfig{})
 			if err != nil {
 				errs[r] = err

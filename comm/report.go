@@ -121,6 +121,21 @@ func (c *Comm) NodeReports(ctx context.Context) ([]NodeReport, error) {
 	return out, nil
 }
 
+// WriteReport gathers the NodeReports (every rank of the world calls it)
+// and has rank 0 write them to w: as PrintReport does, or as one JSON
+// array.
+func (c *Comm) WriteReport(ctx context.Context, w io.Writer, asJSON bool) error {
+	nodes, err := c.NodeReports(ctx)
+	if err != nil || c.rank != 0 {
+		return err
+	}
+	if asJSON {
+		return json.NewEncoder(w).Encode(nodes)
+	}
+	PrintReport(w, nodes)
+	return nil
+}
+
 // PrintReport prints the per-node connection report and the formulas'
 // counts for the job's shape: N nodes of c ranks need c²(N−1) RC QPs per
 // node, or c(N−1) XRC send and c(N−1) XRC receive QPs.

@@ -10,7 +10,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -110,18 +109,8 @@ func run(ctx context.Context, minSize, maxSize, iters int, report, asJSON bool) 
 			n, minSize, maxSize, iters, float64(bytes)/1e6, time.Since(start).Round(time.Millisecond))
 	}
 	if report || asJSON {
-		nodes, err := w.NodeReports(ctx)
-		if err != nil {
+		if err := w.WriteReport(ctx, os.Stdout, asJSON); err != nil {
 			return err
-		}
-		if rank == 0 {
-			if asJSON {
-				if err := json.NewEncoder(os.Stdout).Encode(nodes); err != nil {
-					return err
-				}
-			} else {
-				comm.PrintReport(os.Stdout, nodes)
-			}
 		}
 	}
 	return w.Finalize(ctx)

@@ -8,8 +8,6 @@ package main
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -67,15 +65,8 @@ func run(ctx context.Context, laps, size int, report, asJSON bool) error {
 			laps, n, size, d.Round(time.Microsecond), float64(d.Microseconds())/float64(laps*n))
 	}
 	if report || asJSON {
-		nodes, err := w.NodeReports(ctx)
-		if err != nil {
+		if err := w.WriteReport(ctx, os.Stdout, asJSON); err != nil {
 			return err
-		}
-		if rank == 0 {
-			if asJSON {
-				return errors.Join(json.NewEncoder(os.Stdout).Encode(nodes), w.Finalize(ctx))
-			}
-			comm.PrintReport(os.Stdout, nodes)
 		}
 	}
 	return w.Finalize(ctx)

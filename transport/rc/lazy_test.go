@@ -2,48 +2,22 @@ package rc
 
 import (
 	"bytes"
-	"context"
-	"crypto/rand"
-	"errors"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/xrcrun/xrc/bootstrap"
+	"github.com/xrcrun/xrc/bootstrap/boottest"
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/verbs"
 )
 
-// clients joins n ranks to a rendezvous server of their own.
+// clients joins n ranks, each on a node of its own, to a rendezvous
+// server of their own.
 func clients(t *testing.T, n int) []*bootstrap.Client {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	key := make([]byte, 32)
-	rand.Read(key)
-	srv, err := bootstrap.Listen(ctx, "127.0.0.1:0", bootstrap.ServerConfig{Size: n, Key: key})
-	if err != nil {
-		t.Fatal(err)
+	nodes := make([]int, n)
+	for r := range nodes {
+		nodes[r] = r
 	}
-	go srv.Serve(ctx)
-	t.Cleanup(func() { srv.Close() })
-	cs := make([]*bootstrap.Client, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Go(func() {
-			cs[r], errs[r] = bootstrap.Join(ctx, srv.Addr(), key, bootstrap.Member{Rank: r, Node: r}, n, bootstrap.ClientConfig{})
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	// Transports close first (their cleanups run earlier: registered later).
-	for _, c := range cs {
-		t.Cleanup(func() { c.Close() })
-	}
-	return cs
+	return boottest.Clients(t, nodes)
 }
 
 // TestLazy: with lazy connection no QP exists before the first frame;

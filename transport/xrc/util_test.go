@@ -2,19 +2,18 @@ package xrc
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"net/netip"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/xrcrun/xrc/bootstrap"
+	"github.com/xrcrun/xrc/bootstrap/boottest"
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/transport"
 	"github.com/xrcrun/xrc/verbs"
@@ -155,39 +154,9 @@ func job(t testing.TB, nodes []int, udp bool, faults softhca.Faults, mod func(*C
 	return j
 }
 
-// clients joins n ranks, on the given nodes, to a rendezvous server of
+// clients joins ranks, on the given nodes, to a rendezvous server of
 // their own.
-func clients(t *testing.T, nodes []int) []*bootstrap.Client {
-	t.Helper()
-	n := len(nodes)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	key := make([]byte, 32)
-	rand.Read(key)
-	srv, err := bootstrap.Listen(ctx, "127.0.0.1:0", bootstrap.ServerConfig{Size: n, Key: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ctx)
-	t.Cleanup(func() { srv.Close() })
-	cs := make([]*bootstrap.Client, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Go(func() {
-			cs[r], errs[r] = bootstrap.Join(ctx, srv.Addr(), key, bootstrap.Member{Rank: r, Node: nodes[r]}, n, bootstrap.ClientConfig{})
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	// Transports close first (their cleanups run earlier: registered later).
-	for _, c := range cs {
-		t.Cleanup(func() { c.Close() })
-	}
-	return cs
-}
+func clients(t *testing.T, nodes []int) []*bootstrap.Client { return boottest.Clients(t, nodes) }
 
 // progress runs Progress on every end until cond holds. The deadline
 // only guards against a hang.
