@@ -323,6 +323,10 @@ func checkTag(tag int, wild bool) error {
 // into the receiver's buffers (at once, unless they are full), a large one
 // when the receiver has pulled it.
 func (c *Comm) Isend(buf []byte, dst, tag int) (*Request, error) {
+	return c.isend(newRequest(c.e), buf, dst, tag)
+}
+
+func (c *Comm) isend(r *Request, buf []byte, dst, tag int) (*Request, error) {
 	if err := errors.Join(c.checkPeer(dst, "send to"), checkTag(tag, false)); err != nil {
 		return nil, err
 	}
@@ -334,7 +338,6 @@ func (c *Comm) Isend(buf []byte, dst, tag int) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := newRequest(e)
 	r.c = c
 	h := header{ctx: c.ctx, src: int32(c.rank), tag: int32(tag), length: uint64(len(buf))}
 	hb := &e.hdr // the lock is held; send copies it
@@ -372,6 +375,10 @@ func (c *Comm) Isend(buf []byte, dst, tag int) (*Request, error) {
 // AnySource) with tag (or AnyTag). The request owns buf until it
 // completes.
 func (c *Comm) Irecv(buf []byte, src, tag int) (*Request, error) {
+	return c.irecv(newRequest(c.e), buf, src, tag)
+}
+
+func (c *Comm) irecv(r *Request, buf []byte, src, tag int) (*Request, error) {
 	if src != AnySource {
 		if err := c.checkPeer(src, "receive from"); err != nil {
 			return nil, err
@@ -381,7 +388,6 @@ func (c *Comm) Irecv(buf []byte, src, tag int) (*Request, error) {
 		return nil, err
 	}
 	e := c.e
-	r := newRequest(e)
 	r.recv, r.c, r.buf, r.src, r.tag = true, c, buf, src, tag
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -396,22 +402,25 @@ func (c *Comm) Irecv(buf []byte, src, tag int) (*Request, error) {
 // Send sends buf to rank dst of c with tag and returns when buf may be
 // reused.
 func (c *Comm) Send(ctx context.Context, buf []byte, dst, tag int) error {
-	r, err := c.Isend(buf, dst, tag)
+	r, err := c.isend(pooledRequest(c.e), buf, dst, tag)
 	if err != nil {
 		return err
 	}
 	_, err = r.Wait(ctx)
+	r.release()
 	return err
 }
 
 // Recv receives into buf a message from src (or AnySource) with tag (or
 // AnyTag). A message longer than buf fills it and returns ErrTruncate.
 func (c *Comm) Recv(ctx context.Context, buf []byte, src, tag int) (Status, error) {
-	r, err := c.Irecv(buf, src, tag)
+	r, err := c.irecv(pooledRequest(c.e), buf, src, tag)
 	if err != nil {
 		return Status{}, err
 	}
-	return r.Wait(ctx)
+	st, err := r.Wait(ctx)
+	r.release()
+	return st, err
 }
 
 // Sendrecv sends to dst and receives from src at once, so that two ranks

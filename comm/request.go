@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"sync"
 	"sync/atomic"
 
 	"github.com/xrcrun/xrc/transport"
@@ -30,11 +31,12 @@ var ErrTruncate = errors.New("comm: message longer than the receive buffer")
 // belongs to the request until it completes: the caller must not touch it
 // before Wait or Test says so.
 type Request struct {
-	e    *engine
-	done atomic.Bool
-	ch   chan struct{} // closed at completion; made only for a goroutine that blocks on it, under the engine's lock
-	st   Status
-	err  error
+	e      *engine
+	pooled bool // made by a blocking call, recycled when it returns
+	done   atomic.Bool
+	ch     chan struct{} // closed at completion; made only for a goroutine that blocks on it, under the engine's lock
+	st     Status
+	err    error
 
 	// A receive: where it goes and what it matches.
 	recv     bool
@@ -61,6 +63,30 @@ type Request struct {
 }
 
 func newRequest(e *engine) *Request { return &Request{e: e} }
+
+// requests recycles the requests of the blocking calls (Send, Recv),
+// which no caller sees: once one completes, the engine holds no reference
+// to it either.
+var requests = sync.Pool{New: func() any { return new(Request) }}
+
+func pooledRequest(e *engine) *Request {
+	r := requests.Get().(*Request)
+	r.e, r.pooled = e, true
+	return r
+}
+
+// release gives a blocking call's request back once it has completed; one
+// whose wait ended early (its context) may still be in the engine's
+// queues and is left to the garbage collector.
+func (r *Request) release() {
+	if !r.pooled || !r.done.Load() {
+		return
+	}
+	r.done.Store(false)
+	r.ch, r.st, r.err, r.recv, r.c, r.buf, r.src, r.tag = nil, Status{}, nil, false, nil, nil, 0, 0
+	r.rdvWorld, r.rdvID, r.msgLen, r.trunc, r.tr, r.remote, r.sbuf = 0, 0, 0, false, nil, nil, nil
+	requests.Put(r)
+}
 
 // complete ends the request; the engine's lock is held.
 func (r *Request) complete(st Status, err error) {
