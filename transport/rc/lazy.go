@@ -2,17 +2,14 @@ package rc
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 
-	"github.com/xrcrun/xrc/bootstrap"
+	"github.com/xrcrun/xrc/transport/internal/verbsx"
 )
 
-// Lazy connection. Every rank has a mailbox in the bootstrap server's
-// write-once key space: the keys "rc/mbox/RANK/0", "rc/mbox/RANK/1", …,
-// each holding one connection request (a hello: sender rank, the QPN it
+// Lazy connection. Every rank has a mailbox (verbsx.Mailbox, keys
+// "rc/mbox/RANK/SLOT"), each slot holding one connection request (a hello: sender rank, the QPN it
 // made for the mailbox's owner, its first PSN).
 //
 //   - A rank that first needs a peer (TrySend or Read) makes its QP for it
@@ -30,7 +27,7 @@ import (
 // block; the verbs work happens in Progress (apply).
 type lazy struct {
 	t    *Transport
-	boot *bootstrap.Client
+	mbox *verbsx.Mailbox
 	ctx  context.Context // the transport's: ends at Close
 
 	// connected is set once Connect has the records that hellos refer to.
@@ -40,8 +37,6 @@ type lazy struct {
 	hellos []hello       // guarded by mu: read from the mailbox, not applied yet
 	failed map[int]error // guarded by mu: peers whose hello could not be put
 }
-
-func mailboxKey(rank, slot int) string { return fmt.Sprintf("rc/mbox/%d/%d", rank, slot) }
 
 // start makes p's QP and sends the peer a hello. Called by the goroutine
 // driving the transport.
@@ -60,47 +55,32 @@ func (l *lazy) start(p *peer) error {
 	return nil
 }
 
-// put puts h in rank's mailbox, in its first free slot.
+// put puts h in rank's mailbox.
 func (l *lazy) put(rank int, h hello) {
-	val := h.encode()
-	for slot := 0; ; slot++ {
-		err := l.boot.Put(l.ctx, mailboxKey(rank, slot), val)
-		if err == nil {
-			return
-		}
-		if errors.Is(err, bootstrap.ErrKeyExists) {
-			continue
-		}
-		if l.ctx.Err() == nil {
-			l.mu.Lock()
-			l.failed[rank] = err
-			l.mu.Unlock()
-			l.t.cfg.Kick()
-		}
-		return
+	if err := l.mbox.Put(l.ctx, rank, h.encode()); err != nil && l.ctx.Err() == nil {
+		l.mu.Lock()
+		l.failed[rank] = err
+		l.mu.Unlock()
+		l.t.cfg.Kick()
 	}
 }
 
 // readMailbox takes this rank's hellos in order until ctx ends.
 func (l *lazy) readMailbox(ctx context.Context) {
-	for slot := 0; ; slot++ {
-		v, err := l.boot.Get(ctx, mailboxKey(l.t.cfg.Rank, slot))
-		if err != nil {
-			if ctx.Err() == nil {
-				l.t.log.Error("lazy connect: mailbox", "err", err)
-			}
-			return
-		}
+	err := l.mbox.Read(ctx, l.t.cfg.Rank, func(slot int, v []byte) {
 		h, err := parseHello(v, l.t.n)
 		if err != nil {
 			l.t.m.Bad.Inc()
 			l.t.log.Warn("lazy connect: dropped a request", "slot", slot, "err", err)
-			continue
+			return
 		}
 		l.mu.Lock()
 		l.hellos = append(l.hellos, h)
 		l.mu.Unlock()
 		l.t.cfg.Kick()
+	})
+	if ctx.Err() == nil {
+		l.t.log.Error("lazy connect: mailbox", "err", err)
 	}
 }
 

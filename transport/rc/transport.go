@@ -125,7 +125,7 @@ func New(cfg Config) (*Transport, error) {
 	t.wg.Go(func() { verbsx.WatchCQ(ctx, t.core.CQ, t.core.Ch, cfg.Kick, t.log, t.m.Metrics) })
 	t.wg.Go(func() { verbsx.WatchEvents(ctx, cfg.Device, t.core.Recv, cfg.Kick, t.log, t.m.Metrics) })
 	if cfg.Lazy {
-		t.lz = &lazy{t: t, boot: cfg.Bootstrap, ctx: ctx, failed: map[int]error{}}
+		t.lz = &lazy{t: t, mbox: verbsx.NewMailbox(cfg.Bootstrap, "rc"), ctx: ctx, failed: map[int]error{}}
 		t.wg.Go(func() { t.lz.readMailbox(ctx) })
 	}
 	return t, nil

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/xrcrun/xrc/bootstrap"
+	"github.com/xrcrun/xrc/transport/internal/verbsx"
 )
 
 // Lazy connection, through write-once keys of the bootstrap server.
@@ -39,6 +40,7 @@ import (
 type lazy struct {
 	t    *Transport
 	boot *bootstrap.Client
+	mbox *verbsx.Mailbox
 	ctx  context.Context // the transport's: ends at Close
 
 	// connected is set once Connect has the records the messages refer to.
@@ -67,12 +69,11 @@ const (
 )
 
 func newLazy(t *Transport, ctx context.Context) *lazy {
-	return &lazy{t: t, boot: t.cfg.Bootstrap, ctx: ctx}
+	return &lazy{t: t, boot: t.cfg.Bootstrap, mbox: verbsx.NewMailbox(t.cfg.Bootstrap, "xrc"), ctx: ctx}
 }
 
-func mailboxKey(rank, slot int) string { return fmt.Sprintf("xrc/mbox/%d/%d", rank, slot) }
-func claimKey(node, rank int) string   { return fmt.Sprintf("xrc/claim/%d/%d", node, rank) }
-func tgtKey(node, rank int) string     { return fmt.Sprintf("xrc/tgt/%d/%d", node, rank) }
+func claimKey(node, rank int) string { return fmt.Sprintf("xrc/claim/%d/%d", node, rank) }
+func tgtKey(node, rank int) string   { return fmt.Sprintf("xrc/tgt/%d/%d", node, rank) }
 
 func (l *lazy) push(a action) {
 	l.mu.Lock()
@@ -104,45 +105,30 @@ func (l *lazy) start(p *peer) error {
 	return nil
 }
 
-// put puts m in rank's mailbox, in its first free slot.
+// put puts m in rank's mailbox.
 func (l *lazy) put(rank int, m message) {
-	val := m.encode()
-	for slot := 0; ; slot++ {
-		err := l.boot.Put(l.ctx, mailboxKey(rank, slot), val)
-		if err == nil {
-			return
-		}
-		if errors.Is(err, bootstrap.ErrKeyExists) {
-			continue
-		}
-		if l.ctx.Err() == nil {
-			l.push(action{kind: actFail, m: message{rank: rank}, err: fmt.Errorf("mailbox of rank %d: %w", rank, err)})
-		}
-		return
+	if err := l.mbox.Put(l.ctx, rank, m.encode()); err != nil && l.ctx.Err() == nil {
+		l.push(action{kind: actFail, m: message{rank: rank}, err: fmt.Errorf("mailbox of rank %d: %w", rank, err)})
 	}
 }
 
 // readMailbox takes this rank's messages in order until ctx ends.
 func (l *lazy) readMailbox(ctx context.Context) {
-	for slot := 0; ; slot++ {
-		v, err := l.boot.Get(ctx, mailboxKey(l.t.cfg.Rank, slot))
-		if err != nil {
-			if ctx.Err() == nil {
-				l.t.log.Error("lazy connect: mailbox", "err", err)
-			}
-			return
-		}
+	err := l.mbox.Read(ctx, l.t.cfg.Rank, func(slot int, v []byte) {
 		m, err := parseMessage(v, l.t.n)
 		if err != nil {
 			l.t.m.Bad.Inc()
 			l.t.log.Warn("lazy connect: dropped a message", "slot", slot, "err", err)
-			continue
+			return
 		}
 		kind := actRequest
 		if m.kind == msgReply {
 			kind = actReply
 		}
 		l.push(action{kind: kind, m: m})
+	})
+	if ctx.Err() == nil {
+		l.t.log.Error("lazy connect: mailbox", "err", err)
 	}
 }
 

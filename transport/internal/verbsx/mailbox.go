@@ -1,0 +1,65 @@
+package verbsx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/xrcrun/xrc/bootstrap"
+)
+
+// Mailbox is how the ranks of a job send each other connection messages
+// for lazy connection: rank R's mailbox is the bootstrap server's
+// write-once keys "PREFIX/mbox/R/0", "PREFIX/mbox/R/1", …, each holding
+// one message. Its methods are safe for concurrent use.
+type Mailbox struct {
+	boot   *bootstrap.Client
+	prefix string
+
+	mu   sync.Mutex
+	next map[int]int // per rank, a slot below which every slot is taken
+}
+
+// NewMailbox returns the mailboxes of the job boot belongs to, under the
+// key prefix (the transport's name).
+func NewMailbox(boot *bootstrap.Client, prefix string) *Mailbox {
+	return &Mailbox{boot: boot, prefix: prefix, next: map[int]int{}}
+}
+
+func (m *Mailbox) key(rank, slot int) string {
+	return fmt.Sprintf("%s/mbox/%d/%d", m.prefix, rank, slot)
+}
+
+// Put puts val in rank's mailbox, in its first free slot. Slots are never
+// freed, so the search starts past those this process already found
+// taken.
+func (m *Mailbox) Put(ctx context.Context, rank int, val []byte) error {
+	m.mu.Lock()
+	slot := m.next[rank]
+	m.mu.Unlock()
+	for ; ; slot++ {
+		err := m.boot.Put(ctx, m.key(rank, slot), val)
+		if errors.Is(err, bootstrap.ErrKeyExists) {
+			continue
+		}
+		if err == nil {
+			m.mu.Lock()
+			m.next[rank] = max(m.next[rank], slot+1)
+			m.mu.Unlock()
+		}
+		return err
+	}
+}
+
+// Read gives fn the messages of rank's mailbox in order, waiting for each,
+// until a Get fails (ctx ended, the job ended); it returns that error.
+func (m *Mailbox) Read(ctx context.Context, rank int, fn func(slot int, val []byte)) error {
+	for slot := 0; ; slot++ {
+		v, err := m.boot.Get(ctx, m.key(rank, slot))
+		if err != nil {
+			return err
+		}
+		fn(slot, v)
+	}
+}
