@@ -82,6 +82,6 @@ func (t *Transport) postReads(p *peer) {
 		p.pending = p.pending[1:]
 		p.sqUsed++
 		p.readsOut++
-		t.core.Reads.InFlight++
+		t.core.Reads.Posted()
 	}
 }

@@ -85,10 +85,7 @@ func (t *Transport) complete(h transport.Handler, wc *verbs.WorkCompletion) int 
 	case wrCredit:
 	case wrRead:
 		n.readsOut--
-		t.core.Reads.InFlight--
-		if op := t.core.Reads.Op(idx); op != nil {
-			t.core.Reads.ChunkDone(op, err)
-		} else {
+		if !t.core.Reads.Completed(idx, err) {
 			t.m.Bad.Inc()
 		}
 	default:

@@ -94,6 +94,6 @@ func (t *Transport) postReads(n *node) {
 		n.pending = n.pending[1:]
 		n.sqUsed++
 		n.readsOut++
-		t.core.Reads.InFlight++
+		t.core.Reads.Posted()
 	}
 }

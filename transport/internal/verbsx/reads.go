@@ -53,13 +53,28 @@ type Reads struct {
 	ops   map[uint64]*ReadOp
 	next  uint64
 	done  []readDone
-	// InFlight is the chunks posted and not completed, over all QPs; the
-	// transport posts another only while it is below MaxInFlight.
-	InFlight int
+	inFlight int // chunks posted and not completed, over all QPs
 }
 
-// Room reports whether another chunk may be posted now.
-func (r *Reads) Room() bool { return r.InFlight < MaxInFlight }
+// Room reports whether another chunk may be posted now: fewer than
+// MaxInFlight are.
+func (r *Reads) Room() bool { return r.inFlight < MaxInFlight }
+
+// Posted counts a chunk the transport posted.
+func (r *Reads) Posted() { r.inFlight++ }
+
+// Completed counts the completion of the posted chunk whose Read has id
+// (with err if it failed) and finishes the Read after its last chunk. It
+// reports false if no Read has that id.
+func (r *Reads) Completed(id uint64, err error) bool {
+	r.inFlight--
+	op := r.ops[id]
+	if op == nil {
+		return false
+	}
+	r.ChunkDone(op, err)
+	return true
+}
 
 type readDone struct {
 	cookie uint64
@@ -93,9 +108,6 @@ func (r *Reads) Start(dst []byte, raddr uint64, rkey uint32, cookie uint64, queu
 	}
 	return queue, nil
 }
-
-// Op is the Read whose chunk completed with id, or nil.
-func (r *Reads) Op(id uint64) *ReadOp { return r.ops[id] }
 
 // ChunkDone counts a chunk of op as done (with err if it failed); the
 // last one finishes op.
