@@ -388,7 +388,7 @@ func (c *Comm) irecv(r *Request, buf []byte, src, tag int) (*Request, error) {
 		return nil, err
 	}
 	e := c.e
-	r.recv, r.c, r.buf, r.src, r.tag = true, c, buf, src, tag
+	r.c, r.buf, r.src, r.tag = c, buf, src, tag
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if m := e.takeUnexpected(c, r); m != nil {

@@ -39,7 +39,6 @@ type Request struct {
 	err    error
 
 	// A receive: where it goes and what it matches.
-	recv     bool
 	c        *Comm
 	buf      []byte
 	src, tag int
@@ -82,9 +81,7 @@ func (r *Request) release() {
 	if !r.pooled || !r.done.Load() {
 		return
 	}
-	r.done.Store(false)
-	r.ch, r.st, r.err, r.recv, r.c, r.buf, r.src, r.tag = nil, Status{}, nil, false, nil, nil, 0, 0
-	r.rdvWorld, r.rdvID, r.msgLen, r.trunc, r.tr, r.remote, r.sbuf = 0, 0, 0, false, nil, nil, nil
+	*r = Request{}
 	requests.Put(r)
 }
 
