@@ -49,10 +49,10 @@ func (c Chunk) WR(wrid uint64) verbs.SendWR {
 // queues the finished ones for the handler. Owned by the goroutine
 // driving the transport.
 type Reads struct {
-	cache *RegCache
-	ops   map[uint64]*ReadOp
-	next  uint64
-	done  []readDone
+	cache    *RegCache
+	ops      map[uint64]*ReadOp
+	next     uint64
+	done     []readDone
 	inFlight int // chunks posted and not completed, over all QPs
 }
 
