@@ -44,6 +44,13 @@ type Counters struct {
 	EventsDropped atomic.Uint64 // events a full or closed channel could not take
 	CQOverruns    atomic.Uint64
 	LocalErrors   atomic.Uint64 // work requests completed with a local error
+
+	// EngineBusyNs is the time the engine spent in rounds that found work
+	// (doorbells, packets, timers), in nanoseconds of the device clock,
+	// from the start of the round until its packets were handed to the
+	// link: how busy the device is, and, divided by the messages it moved,
+	// what a message costs the device itself.
+	EngineBusyNs atomic.Uint64
 }
 
 // Counters returns the device's counters.
@@ -85,6 +92,7 @@ func (c *Counters) Each(f func(name, help string, v uint64)) {
 		{"events_dropped", "Events a full or closed channel could not take.", &c.EventsDropped},
 		{"cq_overruns", "Completion queue overruns.", &c.CQOverruns},
 		{"local_errors", "Work requests completed with a local error.", &c.LocalErrors},
+		{"engine_busy_ns", "Nanoseconds the engine spent in rounds that found work.", &c.EngineBusyNs},
 	} {
 		f(x.name, x.help, x.v.Load())
 	}

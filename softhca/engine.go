@@ -62,6 +62,9 @@ type engine struct {
 	now   time.Time
 	nowI  instant
 	epoch time.Time // instant 0: the clock when the engine was made
+	// Scratch space of warm.
+	warmAddrs []uintptr
+	warmQPs   []warmQP
 }
 
 // instant is a time on the device clock: nanoseconds since the engine's
@@ -211,6 +214,9 @@ func (e *engine) loop() {
 		e.flushOut()
 
 		if worked {
+			// The round's work on the device clock, from the reading
+			// the round started with.
+			e.d.counters.EngineBusyNs.Add(uint64(max(e.d.clock.Now().Sub(e.now), 0)))
 			idleSince = time.Time{}
 			continue
 		}
@@ -253,6 +259,7 @@ func (e *engine) round() bool {
 	e.nowI = e.instant(e.now)
 	now := e.now
 	worked := len(e.bellWork) > 0 || len(e.rxWork) > 0
+	e.warm()
 	for i := range e.bellWork {
 		b := &e.bellWork[i]
 		switch b.off {

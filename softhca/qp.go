@@ -29,12 +29,13 @@ func (r *ring) slot(i uint32) []byte {
 // has left the CPU's cache (with thousands of QPs, most have) misses as few
 // cache lines as it can. The object is a whole number of cache lines, so
 // the allocator starts it on one. The first line holds what both sides
-// read for every message; the second the responder's state of a message,
-// the third the scatter list of a receive (for SENDs); then come the
-// responder's READ and atomic resources; then, from the fifth line, the
-// send queue and the requester's state, which a message reads and writes
-// nearly all of, in three lines. The attributes and bookkeeping only
-// commands use come last.
+// read for every message; the second the receive queues, the XRC domain
+// and the responder's state of a message, the third the scatter list of a
+// receive (for SENDs); then come the responder's READ and atomic
+// resources; then, from the fifth line, the send queue and the requester's
+// state, which a message reads and writes nearly all of, in three lines.
+// The attributes and bookkeeping only commands use come last. The engine
+// prefetches these lines for a batch of messages (warm.go).
 type qp struct {
 	num                          uint32
 	destQPN                      uint32
@@ -53,8 +54,11 @@ type qp struct {
 	client                       *Client
 	scq                          *cq
 
-	rcq  *cq
-	srq  *srq
+	rcq *cq
+	srq *srq
+	// XRC: a receive QP's domain (nil for other QPs), which the responder
+	// looks at for every request.
+	xrcd *xrcd
 	resp responder
 
 	sq  ring
@@ -66,9 +70,7 @@ type qp struct {
 	rqDB   []byte // producer counter of the receive queue (16 bits)
 	rqTook uint32 // receive WQEs consumed
 
-	// XRC: a receive QP's domain and its openers (it has no client of
-	// its own).
-	xrcd    *xrcd
+	// XRC: a receive QP's openers (it has no client of its own).
 	openers []*tgtOpen
 
 	// Attributes and bookkeeping of the commands.
