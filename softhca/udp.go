@@ -132,10 +132,19 @@ func (l *udpLink) close() error {
 // RoCE NIC on the other end would then reject them. A packet is encoded in
 // its own storage where it can be (headers before the payload, pad and
 // ICRC after), and the kernel gathers the datagrams from there.
+//
+// A packet to the device's own GID does not leave it: as an HCA loops such
+// traffic back inside, without the network, it goes straight to the
+// engine's queue of received packets.
 func (l *udpLink) sendBatch(ps []*roce.Packet, c *pktCache) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i := 0; i < len(ps); {
+		if ps[i].DstGID == l.d.gid {
+			l.d.eng.deliver(ps[i])
+			i++
+			continue
+		}
 		dst := netip.AddrFrom16(ps[i].DstGID).Unmap()
 		l.wbuf = l.wbuf[:0]
 		first := l.encode(ps[i], dst)
