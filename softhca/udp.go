@@ -41,6 +41,10 @@ type udpLink struct {
 	stop    chan struct{}
 	armed   chan struct{} // the engine is going to sleep: watch the socket
 	closing atomic.Bool
+	// readable is set when the socket may hold datagrams the engine has
+	// not read: by the watcher when it sees them come, and by poll when
+	// it stops at its budget. poll clears it when it drains the socket.
+	readable atomic.Bool
 
 	mu       sync.Mutex // guards the sender: delayed packets are sent from timers
 	tx       *unix.UDPSender
@@ -49,7 +53,10 @@ type udpLink struct {
 	hdr      [48]byte
 	hscratch [64]byte
 
-	rx   *unix.UDPReceiver // owned by the engine, as are the buffers below
+	rx   *unix.UDPReceiver // owned by the engine, as are the fields below
+	// skipped counts the polls since the last read of the socket, which
+	// poll skips while nothing says a datagram came (see poll).
+	skipped int
 	rbuf []byte            // datagrams of a round: received packets' payloads point into it
 	rhdr [48]byte
 }
@@ -241,17 +248,37 @@ func (l *udpLink) watch() {
 		if err != nil || l.closing.Load() {
 			return
 		}
+		l.readable.Store(true)
 		l.d.eng.kick()
 	}
 }
+
+// pollEvery bounds how many engine rounds may pass without a read of the
+// socket while the watcher is not looking at it (the engine is busy).
+const pollEvery = 4
 
 // poll reads up to max datagrams that are waiting and returns the valid
 // packets, whose payloads point into l.rbuf until the next poll.
 // Malformed datagrams, bad ICRCs and payloads larger than any MTU are
 // counted and dropped.
+//
+// A read that finds the socket empty is a system call for nothing, and the
+// engine polls every round. So poll reads the socket only when it may hold
+// something: the watcher saw datagrams come, or the last poll stopped at
+// its budget; and, since the watcher only looks while the engine sleeps, at
+// least every pollEvery rounds of a busy engine.
 func (l *udpLink) poll(out []*roce.Packet, max int) []*roce.Packet {
+	if !l.readable.Swap(false) && l.skipped < pollEvery {
+		l.skipped++
+		return out
+	}
+	l.skipped = 0
 	free := l.rbuf
-	for got := 0; got < max && len(free) >= 1<<16; {
+	for got := 0; ; {
+		if got >= max || len(free) < 1<<16 {
+			l.readable.Store(true) // stopped with datagrams perhaps left
+			return out
+		}
 		n, seg, from, err := l.rx.Recv(free[:1<<16])
 		if err != nil {
 			if !errors.Is(err, unix.EAGAIN) {
@@ -270,7 +297,6 @@ func (l *udpLink) poll(out []*roce.Packet, max int) []*roce.Packet {
 		}
 		free = free[(n+63)&^63:]
 	}
-	return out
 }
 
 // parse checks a datagram and decodes it into a packet from the engine's
