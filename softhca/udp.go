@@ -41,10 +41,6 @@ type udpLink struct {
 	stop    chan struct{}
 	armed   chan struct{} // the engine is going to sleep: watch the socket
 	closing atomic.Bool
-	// readable is set when the socket may hold datagrams the engine has
-	// not read: by the watcher when it sees them come, and by poll when
-	// it stops at its budget. poll clears it when it drains the socket.
-	readable atomic.Bool
 
 	mu       sync.Mutex // guards the sender: delayed packets are sent from timers
 	tx       *unix.UDPSender
@@ -53,12 +49,11 @@ type udpLink struct {
 	hdr      [48]byte
 	hscratch [64]byte
 
-	rx   *unix.UDPReceiver // owned by the engine, as are the fields below
-	// skipped counts the polls since the last read of the socket, which
-	// poll skips while nothing says a datagram came (see poll).
-	skipped int
-	rbuf []byte            // datagrams of a round: received packets' payloads point into it
-	rhdr [48]byte
+	rx    *unix.UDPReceiver // owned by the engine, as are the fields below
+	rbuf  []byte            // datagrams of a round: received packets' payloads point into it
+	rbufs [][]byte          // rbuf in 64 KiB pieces, one per datagram of a receive
+	rdgs  []unix.Datagram   // what each piece received
+	rhdr  [48]byte
 }
 
 // socketBuffer is the size the link asks for its socket buffers: a send
@@ -67,8 +62,12 @@ type udpLink struct {
 const socketBuffer = 4 << 20
 
 // rxBuffer holds the datagrams the engine reads in a round: the packets'
-// payloads stay in it, uncopied, until the round is over.
-const rxBuffer = 1 << 20
+// payloads stay in it, uncopied, until the round is over. It is cut in
+// 64 KiB pieces, one per datagram or GRO batch, so that a round reads up
+// to 64 of them (pollBudget) with one system call: fewer, and a loaded
+// engine falls behind a lossy link's NAKs and retransmissions (the
+// acceptance run of TestLossyLink failed with 16).
+const rxBuffer = 4 << 20
 
 // maxBatch bounds the bytes of one GSO send (a UDP datagram's limit, with
 // room for the headers).
@@ -93,6 +92,10 @@ func listenUDP(d *Device) (*udpLink, error) {
 		done: make(chan struct{}), stop: make(chan struct{}), armed: make(chan struct{}, 1),
 		tx: unix.NewUDPSender(txFD), wbuf: make([]byte, 0, maxBatch+4096+128),
 		rx: unix.NewUDPReceiver(fd), rbuf: make([]byte, rxBuffer)}
+	for off := 0; off+1<<16 <= len(l.rbuf); off += 1 << 16 {
+		l.rbufs = append(l.rbufs, l.rbuf[off:off+1<<16:off+1<<16])
+	}
+	l.rdgs = make([]unix.Datagram, len(l.rbufs))
 	if l.rc, err = l.file.SyscallConn(); err != nil {
 		l.file.Close()
 		unix.Close(txFD)
@@ -248,55 +251,42 @@ func (l *udpLink) watch() {
 		if err != nil || l.closing.Load() {
 			return
 		}
-		l.readable.Store(true)
 		l.d.eng.kick()
 	}
 }
 
-// pollEvery bounds how many engine rounds may pass without a read of the
-// socket while the watcher is not looking at it (the engine is busy).
-const pollEvery = 4
-
-// poll reads up to max datagrams that are waiting and returns the valid
-// packets, whose payloads point into l.rbuf until the next poll.
+// poll reads the datagrams that are waiting, up to one per packet of max
+// and at most a buffer's worth, with one system call, and returns the
+// valid packets, whose payloads point into l.rbuf until the next poll.
 // Malformed datagrams, bad ICRCs and payloads larger than any MTU are
 // counted and dropped.
-//
-// A read that finds the socket empty is a system call for nothing, and the
-// engine polls every round. So poll reads the socket only when it may hold
-// something: the watcher saw datagrams come, or the last poll stopped at
-// its budget; and, since the watcher only looks while the engine sleeps, at
-// least every pollEvery rounds of a busy engine.
 func (l *udpLink) poll(out []*roce.Packet, max int) []*roce.Packet {
-	if !l.readable.Swap(false) && l.skipped < pollEvery {
-		l.skipped++
+	// One recvmmsg into every 64 KiB of the buffer (a GRO batch takes up
+	// to that), at most one datagram per packet of the budget.
+	k := min(max, len(l.rbufs))
+	n, err := l.rx.RecvBatch(l.rbufs[:k], l.rdgs[:k])
+	if err != nil {
+		if !errors.Is(err, unix.EAGAIN) {
+			l.d.counters.RcvErrors.Add(1)
+		}
 		return out
 	}
-	l.skipped = 0
-	free := l.rbuf
-	for got := 0; ; {
-		if got >= max || len(free) < 1<<16 {
-			l.readable.Store(true) // stopped with datagrams perhaps left
-			return out
+	for i, dg := range l.rdgs[:n] {
+		if dg.Trunc {
+			l.d.counters.RcvErrors.Add(1)
+			continue
 		}
-		n, seg, from, err := l.rx.Recv(free[:1<<16])
-		if err != nil {
-			if !errors.Is(err, unix.EAGAIN) {
-				l.d.counters.RcvErrors.Add(1)
-			}
-			return out
-		}
+		b, seg := l.rbufs[i][:dg.N], dg.Seg
 		if seg == 0 {
-			seg = n
+			seg = dg.N
 		}
-		for off := 0; off < n; off += seg {
-			got++
-			if p := l.parse(free[off:min(off+seg, n)], from); p != nil {
+		for off := 0; off < len(b); off += seg {
+			if p := l.parse(b[off:min(off+seg, len(b))], dg.From); p != nil {
 				out = append(out, p)
 			}
 		}
-		free = free[(n+63)&^63:]
 	}
+	return out
 }
 
 // parse checks a datagram and decodes it into a packet from the engine's

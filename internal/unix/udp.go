@@ -145,45 +145,78 @@ func (s *UDPSender) setAddr(ap netip.AddrPort) int {
 // UDPReceiver receives datagrams from one socket. It is not safe for
 // concurrent use.
 type UDPReceiver struct {
-	fd  int
-	sa  unix.RawSockaddrAny
-	oob [64]byte
-	iov unix.Iovec
-	msg unix.Msghdr
+	fd    int
+	slots []batchSlot // by buffer of a RecvBatch
+	mmsg  []unix.Mmsghdr
 }
 
 // NewUDPReceiver returns a receiver on fd.
 func NewUDPReceiver(fd int) *UDPReceiver { return &UDPReceiver{fd: fd} }
 
-// Recv receives without waiting into b: one datagram, or with GRO several
-// of seg bytes each (the last may be shorter; seg is 0 for one datagram).
-// It fails with EAGAIN when nothing is there.
-func (r *UDPReceiver) Recv(b []byte) (n, seg int, from netip.AddrPort, err error) {
-	r.iov.Base = &b[0]
-	r.iov.SetLen(len(b))
-	r.msg = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&r.sa)), Namelen: unix.SizeofSockaddrAny, Iov: &r.iov, Iovlen: 1,
-		Control: &r.oob[0]}
-	r.msg.SetControllen(len(r.oob))
+// Datagram describes what RecvBatch put in one buffer: N bytes, one
+// datagram, or with GRO several of Seg bytes each (the last may be
+// shorter; Seg is 0 for one datagram), from From. Trunc reports a datagram
+// larger than its buffer, cut short: the caller drops it.
+type Datagram struct {
+	N, Seg int
+	From   netip.AddrPort
+	Trunc  bool
+}
+
+// batchSlot is the recvmmsg state of one buffer of RecvBatch.
+type batchSlot struct {
+	sa  unix.RawSockaddrAny
+	oob [64]byte
+	iov unix.Iovec
+}
+
+// RecvBatch receives without waiting into up to len(bufs) buffers, one
+// datagram (or GRO batch) in each, with one recvmmsg system call, and
+// describes them in ds, which must be as long as bufs. It returns how many
+// buffers it filled; fewer than len(bufs) means the socket had nothing
+// more when it looked, so that a caller need not ask again to find it
+// empty. It fails with EAGAIN when nothing is there.
+func (r *UDPReceiver) RecvBatch(bufs [][]byte, ds []Datagram) (int, error) {
+	k := min(len(bufs), len(ds))
+	if k == 0 {
+		return 0, nil
+	}
+	if len(r.slots) < k {
+		r.slots = make([]batchSlot, k)
+		r.mmsg = make([]unix.Mmsghdr, k)
+	}
+	for i, b := range bufs[:k] {
+		sl := &r.slots[i]
+		sl.iov.Base = &b[0]
+		sl.iov.SetLen(len(b))
+		r.mmsg[i] = unix.Mmsghdr{Hdr: unix.Msghdr{Name: (*byte)(unsafe.Pointer(&sl.sa)), Namelen: unix.SizeofSockaddrAny,
+			Iov: &sl.iov, Iovlen: 1, Control: &sl.oob[0]}}
+		r.mmsg[i].Hdr.SetControllen(len(sl.oob))
+	}
+	var m uintptr
 	for {
-		m, _, e := unix.Syscall(unix.SYS_RECVMSG, uintptr(r.fd), uintptr(unsafe.Pointer(&r.msg)), unix.MSG_DONTWAIT)
+		var e unix.Errno
+		m, _, e = unix.Syscall6(unix.SYS_RECVMMSG, uintptr(r.fd), uintptr(unsafe.Pointer(&r.mmsg[0])), uintptr(k),
+			unix.MSG_DONTWAIT, 0, 0)
 		if e == unix.EINTR {
 			continue
 		}
 		if e != 0 {
-			return 0, 0, netip.AddrPort{}, WrapErrno(e)
+			return 0, WrapErrno(e)
 		}
-		n = int(m)
 		break
 	}
-	if r.msg.Flags&unix.MSG_TRUNC != 0 {
-		return 0, 0, netip.AddrPort{}, Error(EMSGSIZE, "datagram larger than the buffer")
+	n := int(m)
+	for i := range n {
+		h, sl := &r.mmsg[i].Hdr, &r.slots[i]
+		ds[i] = Datagram{N: int(r.mmsg[i].Len), Seg: groSize(sl.oob[:h.Controllen]), From: sockaddrPort(&sl.sa),
+			Trunc: h.Flags&unix.MSG_TRUNC != 0}
 	}
-	return n, r.gsoSize(), r.from(), nil
+	return n, nil
 }
 
-// gsoSize finds the UDP_GRO control message.
-func (r *UDPReceiver) gsoSize() int {
-	oob := r.oob[:r.msg.Controllen]
+// groSize finds the UDP_GRO control message in oob.
+func groSize(oob []byte) int {
 	for len(oob) >= unix.SizeofCmsghdr {
 		h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
 		l := int(h.Len)
@@ -198,14 +231,14 @@ func (r *UDPReceiver) gsoSize() int {
 	return 0
 }
 
-func (r *UDPReceiver) from() netip.AddrPort {
-	switch r.sa.Addr.Family {
+func sockaddrPort(rsa *unix.RawSockaddrAny) netip.AddrPort {
+	switch rsa.Addr.Family {
 	case unix.AF_INET:
-		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&r.sa))
+		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(rsa))
 		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
 		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), binary.BigEndian.Uint16(p[:]))
 	case unix.AF_INET6:
-		sa := (*unix.RawSockaddrInet6)(unsafe.Pointer(&r.sa))
+		sa := (*unix.RawSockaddrInet6)(unsafe.Pointer(rsa))
 		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
 		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), binary.BigEndian.Uint16(p[:]))
 	}

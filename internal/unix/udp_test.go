@@ -1,0 +1,74 @@
+//go:build linux
+
+package unix
+
+import (
+	"bytes"
+	"errors"
+	"net/netip"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// RecvBatch takes every datagram waiting in one call, says where each came
+// from, flags one cut short by its buffer, and fails with EAGAIN once the
+// socket is empty.
+func TestRecvBatch(t *testing.T) {
+	rx, err := UDPSocket(netip.MustParseAddrPort("127.0.0.1:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(rx)
+	port, err := LocalPort(rx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+	tx, err := UDPSocket(netip.MustParseAddrPort("127.0.0.1:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(tx)
+	txPort, err := LocalPort(tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sizes differ, so that GRO cannot merge them.
+	sent := [][]byte{bytes.Repeat([]byte{1}, 100), bytes.Repeat([]byte{2}, 300), bytes.Repeat([]byte{3}, 5000)}
+	s := NewUDPSender(tx)
+	for _, d := range sent {
+		if err := s.SendVec([][]byte{d}, 0, to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := NewUDPReceiver(rx)
+	bufs := [][]byte{make([]byte, 1024), make([]byte, 1024), make([]byte, 1024), make([]byte, 1024)}
+	ds := make([]Datagram, len(bufs))
+	n, err := r.RecvBatch(bufs, ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != len(sent) {
+		t.Fatalf("received %d datagrams in one call, sent %d", n, len(sent))
+	}
+	for i, d := range ds[:n] {
+		if d.From.Port() != txPort || !d.From.Addr().Is4() {
+			t.Errorf("datagram %d from %v, sent from port %d", i, d.From, txPort)
+		}
+		if d.Seg != 0 {
+			t.Errorf("datagram %d: GRO segment size %d for a single datagram", i, d.Seg)
+		}
+	}
+	for i, d := range ds[:2] {
+		if d.Trunc || d.N != len(sent[i]) || !bytes.Equal(bufs[i][:d.N], sent[i]) {
+			t.Errorf("datagram %d: %+v, want the %d bytes sent", i, d, len(sent[i]))
+		}
+	}
+	if !ds[2].Trunc {
+		t.Errorf("a 5000-byte datagram in a 1024-byte buffer: %+v, want it flagged as cut short", ds[2])
+	}
+	if _, err := r.RecvBatch(bufs, ds); !errors.Is(err, EAGAIN) {
+		t.Fatalf("receive on an empty socket: %v, want EAGAIN", err)
+	}
+}
