@@ -65,8 +65,8 @@ const socketBuffer = 4 << 20
 // payloads stay in it, uncopied, until the round is over. It is cut in
 // 64 KiB pieces, one per datagram or GRO batch, so that a round reads up
 // to 64 of them (pollBudget) with one system call: fewer, and a loaded
-// engine falls behind a lossy link's NAKs and retransmissions (the
-// TestLossyLink failed once in three runs with 16, none in six with 64).
+// engine falls behind a lossy link's NAKs and retransmissions
+// (TestLossyLink failed once in three runs with 16, none in six with 64).
 const rxBuffer = 4 << 20
 
 // maxBatch bounds the bytes of one GSO send (a UDP datagram's limit, with
