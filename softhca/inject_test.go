@@ -72,7 +72,10 @@ type rig struct {
 	qp      *verbs.QP
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t *testing.T) *rig { return newRigWith(t, verbstest.Options{}) }
+
+// newRigWith is newRig with the QP's attributes changed by opt.
+func newRigWith(t *testing.T, opt verbstest.Options) *rig {
 	f := NewFabric()
 	d, err := New(context.Background(), Config{Name: "rv0", Addr: netip.MustParseAddr("127.7.0.1"), Fabric: f})
 	if err != nil {
@@ -99,7 +102,7 @@ func newRig(t *testing.T) *rig {
 		Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	verbstest.BringUp(t, r.qp, r.sink.gid, 0x999)
+	verbstest.BringUpWith(t, r.qp, r.sink.gid, 0x999, opt)
 	return r
 }
 
@@ -347,5 +350,36 @@ func TestNakAfterReadResponses(t *testing.T) {
 	}
 	if last := got[len(got)-1]; last.Syndrome != roce.AETHNak|roce.NakRemoteAccess || last.PSN != 0x1238 {
 		t.Errorf("last packet: syndrome %#x PSN %#x, want a remote access NAK for PSN 0x1238", last.Syndrome, last.PSN)
+	}
+}
+
+// A copy of a sequence NAK, which a lossy network may duplicate or hold
+// back, coming after the requester went back for the first one, tells it
+// nothing: it costs no retry and sends nothing again. With retry_cnt 1 the
+// copy used to fail the send with RETRY_EXC_ERR, and under 10% loss with
+// duplication such copies exhausted retry_cnt 7 now and then
+// (TestLossyLink).
+func TestDuplicateSequenceNak(t *testing.T) {
+	r := newRigWith(t, verbstest.Options{RetryCnt: 1})
+	if err := r.qp.PostSend(&verbs.SendWR{WRID: 1, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+		SG: []verbs.SGE{r.mr.SGE(0, 3000)}}); err != nil { // three packets at MTU 1024
+		t.Fatal(err)
+	}
+	r.sink.collect(t, 3)
+	nak := func(p *roce.Packet) {
+		p.Opcode, p.PSN, p.Syndrome = roce.Acknowledge, 0x1235, roce.AETHNak|roce.NakPSNSeqErr
+	}
+	r.inject(nak)
+	again := r.sink.collect(t, 2)
+	if again[0].PSN != 0x1235 || again[1].PSN != 0x1236 {
+		t.Fatalf("after the NAK the requester sent PSNs %#x, %#x; want 0x1235, 0x1236", again[0].PSN, again[1].PSN)
+	}
+	r.inject(nak) // the copy
+	r.inject(func(p *roce.Packet) { p.Opcode, p.PSN, p.Syndrome = roce.Acknowledge, 0x1236, roce.AETHAck })
+	if wc := pollWait(t, r.cq); wc.Status != verbs.WCSuccess || wc.WRID != 1 {
+		t.Fatalf("completion %+v, want the send to succeed", wc)
+	}
+	if n := r.d.counters.Retransmits.Load(); n != 2 {
+		t.Errorf("%d packets sent again, want the 2 the first NAK asked for", n)
 	}
 }

@@ -67,9 +67,14 @@ type requester struct {
 	ssthresh  uint32 // below it the window doubles each round trip, above it grows by one
 	cwndAcc   uint32 // packets acknowledged toward the next window increase
 	probePSN  uint32
+	nakPSN    uint32
 	heapIdx   int32 // the QP's place in the engine's timer heap, -1 when absent
 	scheduled bool
 	probing   bool  // a round-trip sample is under way
+	// nakDone: a sequence NAK for nakPSN was acted on (the requester went
+	// back to nakPSN) and nothing was acknowledged since, so another NAK
+	// for nakPSN is a copy the network made or held back, not news.
+	nakDone bool
 	retries   uint8 // transport retries left
 	rnrLeft   uint8 // RNR retries left
 	drainSent bool
@@ -595,6 +600,14 @@ func (d *Device) onAck(q *qp, p *roce.Packet) {
 		code := p.Syndrome & 0x1f
 		if code == roce.NakPSNSeqErr {
 			d.counters.PacketSeqErr.Add(1)
+			if r.nakDone && p.PSN == r.nakPSN {
+				// The responder NAKs a gap once and then drops what
+				// comes until the gap is filled: a second NAK for the
+				// same PSN with no progress between is a duplicate. It
+				// must not cost a retry or send the window again.
+				return
+			}
+			r.nakDone, r.nakPSN = true, p.PSN
 			if r.retries == 0 {
 				d.requestError(q, r.q[0], mlx4hw.SyndromeRetryExcErr)
 				return
@@ -690,6 +703,7 @@ func (d *Device) acked(q *qp, psn uint32) {
 	if progress {
 		r.retries = q.retryCnt
 		r.rnrLeft = q.rnrRetry
+		r.nakDone = false
 		if len(r.q) == 0 || q.timeout == 0 {
 			d.eng.setTimer(q, 0)
 		} else if r.rnrUntil == 0 {

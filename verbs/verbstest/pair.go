@@ -316,8 +316,18 @@ func Connect(tb testing.TB, env Env, bufSize int) (a, b Endpoint) {
 // ConnectWith is Connect with other QP attributes.
 func ConnectWith(tb testing.TB, env Env, bufSize int, opt Options) (a, b Endpoint) {
 	tb.Helper()
-	o := defaultOpts()
+	o := opt.opts()
 	o.bufSize = bufSize
+	p := newPair(tb, env, o)
+	ep := func(s *side) Endpoint {
+		return Endpoint{Ctx: s.ctx, PD: s.pd, CQ: s.cq, Buf: s.buf, MR: s.mr, QP: s.qp}
+	}
+	return ep(p.a), ep(p.b)
+}
+
+// opts is the defaults with opt's non-zero fields.
+func (opt Options) opts() pairOpts {
+	o := defaultOpts()
 	if opt.MTU != 0 {
 		o.mtu = opt.MTU
 	}
@@ -328,16 +338,19 @@ func ConnectWith(tb testing.TB, env Env, bufSize int, opt Options) (a, b Endpoin
 		o.retryCnt = opt.RetryCnt
 	}
 	o.channel = opt.Channel
-	p := newPair(tb, env, o)
-	ep := func(s *side) Endpoint {
-		return Endpoint{Ctx: s.ctx, PD: s.pd, CQ: s.cq, Buf: s.buf, MR: s.mr, QP: s.qp}
-	}
-	return ep(p.a), ep(p.b)
+	return o
 }
 
 // BringUp takes an RC QP from RESET to RTS toward QP qpn on the port with
 // GID gid, with the suite's default attributes.
 func BringUp(tb testing.TB, qp *verbs.QP, gid verbs.GID, qpn uint32) {
 	tb.Helper()
-	connectTo(tb, &side{qp: qp}, gid, qpn, defaultOpts())
+	BringUpWith(tb, qp, gid, qpn, Options{})
+}
+
+// BringUpWith is BringUp with other QP attributes (Channel does not
+// apply).
+func BringUpWith(tb testing.TB, qp *verbs.QP, gid verbs.GID, qpn uint32, opt Options) {
+	tb.Helper()
+	connectTo(tb, &side{qp: qp}, gid, qpn, opt.opts())
 }
