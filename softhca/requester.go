@@ -70,11 +70,11 @@ type requester struct {
 	nakPSN    uint32
 	heapIdx   int32 // the QP's place in the engine's timer heap, -1 when absent
 	scheduled bool
-	probing   bool  // a round-trip sample is under way
+	probing   bool // a round-trip sample is under way
 	// nakDone: a sequence NAK for nakPSN was acted on (the requester went
 	// back to nakPSN) and nothing was acknowledged since, so another NAK
 	// for nakPSN is a copy the network made or held back, not news.
-	nakDone bool
+	nakDone   bool
 	retries   uint8 // transport retries left
 	rnrLeft   uint8 // RNR retries left
 	drainSent bool
