@@ -15,25 +15,9 @@ import (
 // from, flags one cut short by its buffer, and fails with EAGAIN once the
 // socket is empty.
 func TestRecvBatch(t *testing.T) {
-	rx, err := UDPSocket(netip.MustParseAddrPort("127.0.0.1:0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(rx)
-	port, err := LocalPort(rx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rx, port := loopbackSocket(t)
 	to := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
-	tx, err := UDPSocket(netip.MustParseAddrPort("127.0.0.1:0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(tx)
-	txPort, err := LocalPort(tx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx, txPort := loopbackSocket(t)
 	// Sizes differ, so that GRO cannot merge them.
 	sent := [][]byte{bytes.Repeat([]byte{1}, 100), bytes.Repeat([]byte{2}, 300), bytes.Repeat([]byte{3}, 5000)}
 	s := NewUDPSender(tx)
@@ -71,4 +55,20 @@ func TestRecvBatch(t *testing.T) {
 	if _, err := r.RecvBatch(bufs, ds); !errors.Is(err, EAGAIN) {
 		t.Fatalf("receive on an empty socket: %v, want EAGAIN", err)
 	}
+}
+
+// loopbackSocket opens a UDP socket on 127.0.0.1, a free port, which the
+// test closes at its end.
+func loopbackSocket(t *testing.T) (int, uint16) {
+	t.Helper()
+	fd, err := UDPSocket(netip.MustParseAddrPort("127.0.0.1:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	port, err := LocalPort(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fd, port
 }
