@@ -139,14 +139,23 @@ func (d *Device) startKick() (*os.File, int, error) {
 		return nil, -1, fmt.Errorf("softhca: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), d.name+"-kick")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, -1, fmt.Errorf("softhca: %w", err)
+	}
 	go func() {
-		var b [8]byte
-		for {
-			if _, err := f.Read(b[:]); err != nil {
-				return
+		// One read per wake-up: take the signal, wake the engine, and
+		// wait for the next one (false: wait, then call again) rather
+		// than read again to find the eventfd empty, as a loop of
+		// f.Read would. Closing f ends the wait with an error.
+		rc.Read(func(fd uintptr) bool {
+			got, err := unix.Drain(int(fd))
+			if got {
+				d.eng.kick()
 			}
-			d.eng.kick()
-		}
+			return err != nil
+		})
 	}()
 	return f, fd, nil
 }

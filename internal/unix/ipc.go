@@ -72,6 +72,25 @@ func Signal(fd int) error {
 	return nil
 }
 
+// Drain reads and so resets a non-blocking eventfd's counter. It reports
+// whether the counter was set (a signal came since the last Drain); false
+// with a nil error means there was none.
+func Drain(fd int) (bool, error) {
+	var b [8]byte
+	for {
+		_, err := unix.Read(fd, b[:])
+		switch err {
+		case nil:
+			return true, nil
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false, nil
+		}
+		return false, Error(asErrno(err), "read eventfd")
+	}
+}
+
 // Cred is the identity of a unix socket's peer, taken when it connected.
 type Cred struct {
 	PID, UID, GID int
