@@ -443,6 +443,10 @@ func (e *engine) send(p *roce.Packet) {
 }
 
 func (e *engine) flushOut() {
+	// A packet held back for reordering goes after the next one sent in
+	// the round, or at the round's end: it is reordered, not lost until
+	// the device happens to send again.
+	e.out = e.faults.release(e.out)
 	e.d.transmit(e.out, &e.pkts)
 	clear(e.out)
 	e.out = e.out[:0]

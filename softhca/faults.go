@@ -17,7 +17,7 @@ import (
 type Faults struct {
 	Loss      float64       // the packet is dropped
 	Duplicate float64       // the packet is sent twice
-	Reorder   float64       // the packet is held back and sent after the next one
+	Reorder   float64       // the packet is held back and sent after the next one, or at the end of the engine's round
 	Delay     float64       // the packet is sent DelayBy later
 	DelayBy   time.Duration // how late a delayed packet is
 	Seed      uint64

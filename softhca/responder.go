@@ -556,10 +556,14 @@ func (d *Device) duplicate(q *qp, p *roce.Packet) {
 		}
 		return // too old to answer
 	}
-	if !s.ackDue {
-		s.ackDue = true
-		d.eng.acks = append(d.eng.acks, q)
-	}
+	// Every duplicate SEND or WRITE packet is acknowledged again at once
+	// (C9-105; rxe does the same), not once per round: after a timeout
+	// the requester sends its window again, and an acknowledgement per
+	// packet gives it that many chances to get through a lossy link. One
+	// per round made a requester under 10% loss give up now and then,
+	// seven lost acknowledgements in a row being likely enough over the
+	// tens of thousands of timeouts of a long run.
+	d.sendAck(q)
 }
 
 // sendAck acknowledges everything up to the expected PSN.
