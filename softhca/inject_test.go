@@ -383,3 +383,56 @@ func TestDuplicateSequenceNak(t *testing.T) {
 		t.Errorf("%d packets sent again, want the 2 the first NAK asked for", n)
 	}
 }
+
+// Each duplicate of a SEND packet is acknowledged again (C9-105), not once
+// for all the duplicates of a round: after a timeout a requester sends its
+// window again, and every acknowledgement is a chance to get through a
+// lossy link.
+func TestEachDuplicateAcknowledged(t *testing.T) {
+	r := newRig(t)
+	if err := r.qp.PostRecv(&verbs.RecvWR{WRID: 1, SG: []verbs.SGE{r.mr.SGE(0, 64)}}); err != nil {
+		t.Fatal(err)
+	}
+	send := func(p *roce.Packet) {
+		p.Opcode, p.PSN, p.AckReq = roce.TransportRC|roce.SendOnly, 0x1234, true
+		p.Payload = append(p.Payload, "8 bytes!"...)
+	}
+	r.inject(send)
+	if wc := pollWait(t, r.cq); wc.Status != verbs.WCSuccess || wc.ByteLen != 8 {
+		t.Fatalf("receive completion %+v", wc)
+	}
+	if first := r.sink.collect(t, 1); first[0].Opcode != roce.Acknowledge || first[0].PSN != 0x1234 {
+		t.Fatalf("answer to the SEND: %v PSN %#x", first[0].Opcode, first[0].PSN)
+	}
+	r.d.mu.Lock() // the three copies come in one round
+	for range 3 {
+		r.inject(send)
+	}
+	r.d.mu.Unlock()
+	acks := r.sink.collect(t, 3)
+	for _, a := range acks {
+		if a.Opcode != roce.Acknowledge || a.PSN != 0x1234 || a.Syndrome&roce.AETHKind != roce.AETHAck {
+			t.Fatalf("answer to a duplicate: %v PSN %#x syndrome %#x, want an ACK of 0x1234", a.Opcode, a.PSN, a.Syndrome)
+		}
+	}
+	if n := r.d.counters.DuplicateRequest.Load(); n != 3 {
+		t.Errorf("%d duplicates counted, want 3", n)
+	}
+}
+
+// A packet the fault injector holds back to reorder it goes after the next
+// packet of the engine's round, or at the round's end: a lone packet is
+// late, not lost until the device next sends something.
+func TestReorderedLonePacketArrives(t *testing.T) {
+	r := newRig(t)
+	r.d.SetFaults(Faults{Reorder: 1, Seed: 1})
+	if err := r.qp.PostSend(&verbs.SendWR{WRID: 1, Opcode: verbs.WRSend, SG: []verbs.SGE{r.mr.SGE(0, 8)}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.sink.collect(t, 1); got[0].Opcode.Op() != roce.SendOnly {
+		t.Fatalf("sent %v, want the SEND", got[0].Opcode)
+	}
+	if n := r.d.counters.FaultReorders.Load(); n != 1 {
+		t.Errorf("%d packets held back, want 1", n)
+	}
+}
