@@ -63,10 +63,8 @@ const socketBuffer = 4 << 20
 
 // rxBuffer holds the datagrams the engine reads in a round: the packets'
 // payloads stay in it, uncopied, until the round is over. It is cut in
-// 64 KiB pieces, one per datagram or GRO batch, so that a round reads up
-// to 64 of them (pollBudget) with one system call: fewer, and a loaded
-// engine falls behind a lossy link's NAKs and retransmissions
-// (TestLossyLink failed once in three runs with 16, none in six with 64).
+// 64 KiB pieces, one per datagram or GRO batch, so that a round reads as
+// many datagrams as its budget (pollBudget) with one system call.
 const rxBuffer = 4 << 20
 
 // maxBatch bounds the bytes of one GSO send (a UDP datagram's limit, with
