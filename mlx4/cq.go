@@ -5,11 +5,9 @@ package mlx4
 import (
 	"math/bits"
 	"sync"
-	"unsafe"
 
 	"github.com/xrcrun/xrc/internal/mlx4abi"
 	"github.com/xrcrun/xrc/internal/mlx4hw"
-	"github.com/xrcrun/xrc/internal/prefetch"
 	"github.com/xrcrun/xrc/internal/unix"
 	"github.com/xrcrun/xrc/internal/uverbs"
 	"github.com/xrcrun/xrc/verbs"
@@ -87,7 +85,6 @@ func (cq *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {
 	defer cq.mu.Unlock()
 	var err error
 	n := 0
-	cq.warm(len(wc))
 	for n < len(wc) && cq.ready(cq.ci) {
 		e, derr := mlx4hw.DecodeCQE(cq.entry(cq.ci))
 		cq.ci++
@@ -107,27 +104,6 @@ func (cq *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {
 		cq.ctx.yield()
 	}
 	return n, err
-}
-
-// warm prefetches the QP objects of the next n ready CQEs before any is
-// completed. With thousands of QPs most of those objects have left the
-// CPU's caches; completing CQE after CQE would miss on them one at a time,
-// while prefetched together they miss together. Caller holds mu.
-func (cq *CQ) warm(n int) {
-	if n < 2 || !cq.ready(cq.ci+1) {
-		return // one CQE at most: nothing to overlap
-	}
-	a := cq.warmAddrs[:0]
-	for i := uint32(0); i < uint32(n) && cq.ready(cq.ci+i); i++ {
-		qpn := mlx4hw.LoadBE32(cq.entry(cq.ci+i)) & mlx4hw.CQEQPNMask
-		if qp := cq.ctx.findQP(qpn); qp != nil {
-			// The two lines complete reads: the send queue's, and
-			// the one with the QP number and the SRQ.
-			a = append(a, uintptr(unsafe.Pointer(&qp.sq)), uintptr(unsafe.Pointer(&qp.qpn)))
-		}
-	}
-	prefetch.Addrs(a)
-	cq.warmAddrs = a[:0]
 }
 
 // complete turns a CQE into a work completion, retiring the WQE it names.

@@ -47,9 +47,9 @@ type Counters struct {
 
 	// EngineBusyNs is the time the engine spent in rounds that found work
 	// (doorbells, packets, timers), in nanoseconds of the device clock,
-	// from the start of the round until its packets were handed to the
-	// link: how busy the device is, and, divided by the messages it moved,
-	// what a message costs the device itself.
+	// from the start of such a round to the start of the next: how busy
+	// the device is, and, divided by the messages it moved, what a
+	// message costs the device itself.
 	EngineBusyNs atomic.Uint64
 }
 

@@ -197,6 +197,8 @@ func (e *engine) loop() {
 	// work; zero while it works, so that a busy engine reads no clock for
 	// it.
 	var idleSince time.Time
+	var prevWorked bool // the last round found work, and began at prevStart
+	var prevStart time.Time
 	for {
 		e.pending.Store(false)
 		e.qmu.Lock()
@@ -213,10 +215,15 @@ func (e *engine) loop() {
 		e.d.mu.Unlock()
 		e.flushOut()
 
+		// A round that found work is accounted for when the next one
+		// starts (one always follows it), with the clock reading each
+		// round takes anyway: its work, its packets' sending and the
+		// next round's gathering of work.
+		if prevWorked {
+			e.d.counters.EngineBusyNs.Add(uint64(max(e.now.Sub(prevStart), 0)))
+		}
+		prevWorked, prevStart = worked, e.now
 		if worked {
-			// The round's work on the device clock, from the reading
-			// the round started with.
-			e.d.counters.EngineBusyNs.Add(uint64(max(e.d.clock.Now().Sub(e.now), 0)))
 			idleSince = time.Time{}
 			continue
 		}
