@@ -182,16 +182,22 @@ func (r *UDPReceiver) RecvBatch(bufs [][]byte, ds []Datagram) (int, error) {
 		return 0, nil
 	}
 	if len(r.slots) < k {
+		// The headers point into the slots, which stay put until they
+		// grow: set them up once.
 		r.slots = make([]batchSlot, k)
 		r.mmsg = make([]unix.Mmsghdr, k)
+		for i := range r.mmsg {
+			sl := &r.slots[i]
+			r.mmsg[i].Hdr = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&sl.sa)), Iov: &sl.iov, Iovlen: 1, Control: &sl.oob[0]}
+		}
 	}
+	// Per call, only the buffers and what the kernel wrote back last time.
 	for i, b := range bufs[:k] {
-		sl := &r.slots[i]
+		sl, h := &r.slots[i], &r.mmsg[i].Hdr
 		sl.iov.Base = &b[0]
 		sl.iov.SetLen(len(b))
-		r.mmsg[i] = unix.Mmsghdr{Hdr: unix.Msghdr{Name: (*byte)(unsafe.Pointer(&sl.sa)), Namelen: unix.SizeofSockaddrAny,
-			Iov: &sl.iov, Iovlen: 1, Control: &sl.oob[0]}}
-		r.mmsg[i].Hdr.SetControllen(len(sl.oob))
+		h.Namelen, h.Flags = unix.SizeofSockaddrAny, 0
+		h.SetControllen(len(sl.oob))
 	}
 	var m uintptr
 	for {
