@@ -12,6 +12,7 @@ import (
 
 	"github.com/xrcrun/xrc/internal/mlx4hw"
 	"github.com/xrcrun/xrc/internal/qpstate"
+	"github.com/xrcrun/xrc/internal/unix"
 	"github.com/xrcrun/xrc/softhca/roce"
 )
 
@@ -21,8 +22,9 @@ import (
 // it; a kick costs a channel send only while the engine sleeps, so a busy
 // engine is never woken twice.
 type engine struct {
-	d    *Device
-	spin time.Duration
+	d         *Device
+	spin      time.Duration
+	spinYield bool // yield the thread, not only the goroutine, while spinning
 
 	qmu   sync.Mutex
 	rx    []*roce.Packet // guarded by qmu: packets delivered to the device
@@ -97,8 +99,8 @@ type bellSource struct {
 	head uint32 // guarded by qmu
 }
 
-func newEngine(d *Device, spin time.Duration, f Faults) *engine {
-	e := &engine{d: d, spin: spin, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
+func newEngine(d *Device, spin time.Duration, spinYield bool, f Faults) *engine {
+	e := &engine{d: d, spin: spin, spinYield: spinYield, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		faults: newFaulter(f)}
 	if d.clock != nil {
 		e.epoch = d.clock.Now()
@@ -236,6 +238,9 @@ func (e *engine) loop() {
 			}
 			if time.Since(idleSince) < e.spin {
 				runtime.Gosched()
+				if e.spinYield {
+					unix.SchedYield()
+				}
 				continue
 			}
 		}

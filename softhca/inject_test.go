@@ -25,7 +25,7 @@ import (
 
 func newSink(t testing.TB, f *Fabric, a string) *Device {
 	s := &Device{name: "sink", gid: netip.MustParseAddr(a).As16()}
-	s.eng = newEngine(s, 0, Faults{})
+	s.eng = newEngine(s, 0, false, Faults{})
 	if _, err := f.attach(s); err != nil {
 		t.Fatal(err)
 	}

@@ -13,8 +13,8 @@ import (
 // once. The engine is not running and every time is given explicitly, so
 // nothing here depends on how fast the machine is.
 func TestLazyTimers(t *testing.T) {
-	d := &Device{clock: realClock{}}
-	d.eng = newEngine(d, 0, Faults{})
+	d := &Device{clock: newRealClock()}
+	d.eng = newEngine(d, 0, false, Faults{})
 	e := d.eng
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) instant { return e.instant(t0.Add(time.Duration(ms) * time.Millisecond)) }

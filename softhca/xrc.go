@@ -273,7 +273,8 @@ func qpObject(c *Client, h uint32) (*qp, *tgtOpen, error) {
 // message. The first packet of a message binds the message to it. Another
 // SRQ (of another domain, not an XRC SRQ, or none) fails the QP with a
 // Remote Access NAK: the requester is not entitled to it, as a key of
-// another PD is not. It reports whether the packet goes on.
+// another PD is not. (rxe's XRC patches, RESPST_ERR_INVALID_XRCETH, answer
+// the same way.) It reports whether the packet goes on.
 func (d *Device) bindXRCSRQ(q *qp, p *roce.Packet) bool {
 	s := &q.resp
 	x := d.xrcSRQ(q, p.XRCSRQ)

@@ -30,7 +30,7 @@ func runHCA(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		addr    = fs.String("addr", "", "the port's IP `address` (required): RoCEv2 uses UDP port 4791 on it, and the GID derives from it")
 		dir     = fs.String("dir", softhca.RuntimeDir(), "runtime `directory` of the device socket (default: $"+softhca.RuntimeDirEnv+", else $XDG_RUNTIME_DIR/xrc, else /tmp/xrc-UID)")
 		mtu     = fs.Int("mtu", 4096, "port MTU: 256, 512, 1024, 2048 or 4096")
-		spin    = fs.Duration("spin", 0, "how long the engine keeps polling for work before it sleeps (0: it sleeps at once, best when the CPUs are shared with the clients)")
+		spin    = fs.Duration("spin", softhca.ProcessSpinIdle, "how long the engine keeps polling for work before it sleeps, giving the CPU to any other runnable thread between polls (0: it sleeps at once)")
 		loss    = fs.Float64("loss", 0, "fault injection: probability that a sent packet is dropped")
 		dup     = fs.Float64("dup", 0, "fault injection: probability that a sent packet is duplicated")
 		reorder = fs.Float64("reorder", 0, "fault injection: probability that a sent packet is held back behind the next")
@@ -72,7 +72,7 @@ func runHCA(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		*spin = -1 // softhca's "never"
 	}
 	d, err := softhca.New(ctx, softhca.Config{
-		Name: *name, Addr: ip, UDP: true, MTU: *mtu, SpinIdle: *spin, Logger: log, Registerer: reg,
+		Name: *name, Addr: ip, UDP: true, MTU: *mtu, SpinIdle: *spin, SpinYield: true, Logger: log, Registerer: reg,
 		Faults: softhca.Faults{Loss: *loss, Duplicate: *dup, Reorder: *reorder, Delay: *delay, DelayBy: *delayBy, Seed: *seed},
 	})
 	if err != nil {

@@ -52,7 +52,7 @@ func setupDevice(ctx context.Context, spec agentSpec, node int, log *slog.Logger
 	for _, addr := range addrs {
 		faults := spec.Faults
 		faults.Seed += uint64(node)
-		d, err := softhca.New(ctx, softhca.Config{Name: name, Addr: addr, UDP: true, SpinIdle: -1, Logger: log, Faults: faults})
+		d, err := softhca.New(ctx, softhca.Config{Name: name, Addr: addr, UDP: true, SpinIdle: softhca.ProcessSpinIdle, SpinYield: true, Logger: log, Faults: faults})
 		if errors.Is(err, syscall.EADDRINUSE) && len(addrs) > 1 {
 			log.Debug("address in use", "addr", addr)
 			continue

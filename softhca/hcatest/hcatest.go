@@ -36,8 +36,9 @@ const envServe = "XRC_HCATEST_SERVE"
 // debug level, with microsecond times, to the test's stderr.
 const EnvDebug = "XRC_HCATEST_DEBUG"
 
-// EnvSpin sets the devices' Config.SpinIdle (a duration); they sleep at
-// once by default, which suits CPUs shared with their clients.
+// EnvSpin sets the devices' Config.SpinIdle (a duration; negative: never
+// spin). By default they spin as xrcrun hca does: softhca.ProcessSpinIdle,
+// yielding the CPU between polls.
 const EnvSpin = "XRC_HCATEST_SPIN"
 
 // EnvCPUProfile, when set in a test's environment, makes each device
@@ -67,7 +68,7 @@ func serve(spec string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	runtime.GOMAXPROCS(1) // as xrcrun hca runs: one engine, no idle Ps to wake
-	cfg := softhca.Config{Name: f[0], Addr: netip.MustParseAddr(f[1]), UDP: true, SpinIdle: -1}
+	cfg := softhca.Config{Name: f[0], Addr: netip.MustParseAddr(f[1]), UDP: true, SpinIdle: softhca.ProcessSpinIdle, SpinYield: true}
 	if d, err := time.ParseDuration(os.Getenv(EnvSpin)); err == nil {
 		cfg.SpinIdle = d
 	}
