@@ -27,15 +27,16 @@ func (r *ring) slot(i uint32) []byte {
 //
 // Its fields are laid out by use, so that a message on a QP whose object
 // has left the CPU's cache (with thousands of QPs, most have) misses as few
-// cache lines as it can. The object is a whole number of cache lines, so
-// the allocator starts it on one. The first line holds what both sides
-// read for every message; the second the receive queues, the XRC domain
-// and the responder's state of a message, the third the scatter list of a
-// receive (for SENDs); then come the responder's READ and atomic
-// resources; then, from the fifth line, the send queue and the requester's
-// state, which a message reads and writes nearly all of, in three lines.
-// The attributes and bookkeeping only commands use come last. The engine
-// prefetches these lines for a batch of messages (warm.go).
+// cache lines as it can. Go starts an object of qp's size on a cache line,
+// or 8 bytes after one (after an allocation header); the layout suits both.
+// The first line holds what both sides read for every message; the next
+// three the send CQ, the send queue and the requester's state, which a
+// message reads and writes nearly all of; then two lines of the receive
+// side: the receive CQ and queues, the XRC domain, the responder's state of
+// a message and the scatter list of a receive (for SENDs); then the
+// responder's READ and atomic resources. The attributes and bookkeeping
+// only commands use come last. The engine prefetches these lines for a
+// batch of messages (warm.go); TestQPLayout checks them.
 type qp struct {
 	num                          uint32
 	destQPN                      uint32
@@ -52,7 +53,10 @@ type qp struct {
 	dgid                         [16]byte // the address vector's destination GID (ah.DGID)
 	pd                           *pd
 	client                       *Client
-	scq                          *cq
+
+	scq *cq
+	sq  ring
+	req requester
 
 	rcq *cq
 	srq *srq
@@ -60,9 +64,6 @@ type qp struct {
 	// looks at for every request.
 	xrcd *xrcd
 	resp responder
-
-	sq  ring
-	req requester
 
 	ah     uverbs.QPDest
 	rq     ring

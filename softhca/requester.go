@@ -81,13 +81,15 @@ type requester struct {
 	sendIdx   int           // first WQE of q with packets to send
 	rdAtomic  int           // READs and atomics sent and not answered
 	q         []*swqe       // outstanding, oldest first; a window into qbuf's array
-	qbuf      []*swqe       // the array q lives in, reused as q slides forward
 	srtt      time.Duration // smoothed round-trip time, 0 before the first sample
 	rttvar    time.Duration
 	probeAt   instant
 	rnrUntil  instant // the end of an RNR wait; zero when not waiting
 	timerAt   instant // when the QP's timer fires; zero when not set
 	heapAt    instant // when the QP is queued in the engine's timer heap: at or before timerAt
+	// The array q lives in, reused as q slides forward. Last: a message
+	// rarely needs it (see qp's layout).
+	qbuf []*swqe
 }
 
 // reset forgets everything outstanding, giving the WQE records back to

@@ -65,6 +65,10 @@ func (e *engine) warm() {
 		}
 		if len(r.q) > 0 {
 			a = append(a, uintptr(unsafe.Pointer(r.q[0])))
+		} else if w.bell && cap(r.q) > 0 {
+			// The record of the WQE about to be fetched goes in r.q's
+			// array, another line of the QP's.
+			a = append(a, uintptr(unsafe.Pointer(unsafe.SliceData(r.q))))
 		}
 	}
 	prefetch.Addrs(a)
@@ -86,19 +90,30 @@ type warmQP struct {
 }
 
 // requesterLines appends the addresses of the cache lines of q that the
-// requester reads for a message: the first line, and the send queue and
-// requester state.
+// requester reads for a message: the first line, and from the send CQ to
+// the last of the requester's state a message uses.
 func (q *qp) requesterLines(a []uintptr) []uintptr {
-	r := &q.req
-	return append(a, addr(&q.num), addr(&q.sq), addr(&r.cwnd), addr(&r.srtt), addr(&r.heapAt))
+	a = append(a, addr(q))
+	return appendLines(a, addr(&q.scq), addr(&q.req.heapAt)+unsafe.Sizeof(q.req.heapAt))
 }
 
 // responderLines appends the addresses of the cache lines of q that the
-// responder reads for a request: the first line, and the responder state
-// with the scatter list of a receive.
+// responder reads for a request: the first line, and the receive side's
+// state up to the scatter list of a receive.
 func (q *qp) responderLines(a []uintptr) []uintptr {
-	s := &q.resp
-	return append(a, addr(&q.num), addr(&s.epsn), addr(&s.recvSG))
+	a = append(a, addr(q))
+	return appendLines(a, addr(&q.rcq), addr(&q.resp.recvSG1)+unsafe.Sizeof(q.resp.recvSG1))
 }
+
+// appendLines appends the address of every cache line in [from, to).
+func appendLines(a []uintptr, from, to uintptr) []uintptr {
+	for l := from &^ (cacheLine - 1); l < to; l += cacheLine {
+		a = append(a, l)
+	}
+	return a
+}
+
+// cacheLine is the size of a cache line on the CPUs the engine runs on.
+const cacheLine = 64
 
 func addr[T any](p *T) uintptr { return uintptr(unsafe.Pointer(p)) }

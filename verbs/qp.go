@@ -99,10 +99,12 @@ func (e *PostError) Unwrap() error { return e.Err }
 
 // QP is a queue pair.
 type QP struct {
+	// ops first: posting reads nothing else of the QP, and at the start
+	// of the object it never straddles two cache lines.
+	ops    ProviderQP
 	ctx    *Context
 	pd     *PD   // nil for XRC receive QPs
 	xrcd   *XRCD // the domain of an XRC receive QP, else nil
-	ops    ProviderQP
 	typ    QPType
 	handle uint64
 	life   lifecycle

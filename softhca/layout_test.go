@@ -1,0 +1,53 @@
+package softhca
+
+import (
+	"testing"
+	"unsafe"
+)
+
+// TestQPLayout checks the cache lines qp's doc comment promises, which
+// warm prefetches: a requester reads 4 lines of a QP per message, a
+// responder 3. Go starts a qp object on a cache line, or 8 bytes after one
+// (where an allocation header comes first); both must hold.
+func TestQPLayout(t *testing.T) {
+	var q qp
+	off := func(p unsafe.Pointer) uintptr { return uintptr(p) - uintptr(unsafe.Pointer(&q)) }
+	type span struct{ from, to uintptr } // object offsets
+	req := []span{
+		{0, unsafe.Sizeof(q.num)},
+		{off(unsafe.Pointer(&q.scq)), off(unsafe.Pointer(&q.req.heapAt)) + unsafe.Sizeof(q.req.heapAt)},
+	}
+	resp := []span{
+		{0, unsafe.Sizeof(q.num)},
+		{off(unsafe.Pointer(&q.rcq)), off(unsafe.Pointer(&q.resp.recvSG1)) + unsafe.Sizeof(q.resp.recvSG1)},
+	}
+	lines := func(spans []span, shift uintptr) int {
+		m := map[uintptr]bool{}
+		for _, s := range spans {
+			for l := (s.from + shift) / cacheLine; l <= (s.to+shift-1)/cacheLine; l++ {
+				m[l] = true
+			}
+		}
+		return len(m)
+	}
+	for _, shift := range []uintptr{0, 8} {
+		if n := lines(req, shift); n > 4 {
+			t.Errorf("object %d bytes into a line: the requester reads %d lines, want 4", shift, n)
+		}
+		if n := lines(resp, shift); n > 3 {
+			t.Errorf("object %d bytes into a line: the responder reads %d lines, want 3", shift, n)
+		}
+	}
+
+	// What warm prefetches for a QP on the heap.
+	h := new(qp)
+	escapedQP = h
+	if n := len(h.requesterLines(nil)); n > 4 {
+		t.Errorf("warm prefetches %d lines for the requester, want 4", n)
+	}
+	if n := len(h.responderLines(nil)); n > 3 {
+		t.Errorf("warm prefetches %d lines for the responder, want 3", n)
+	}
+}
+
+var escapedQP *qp
