@@ -374,8 +374,8 @@ func TestOvercommit(t *testing.T) {
 			c.Registerer = reg
 		}
 	})
-	if ends[1].tr.credits != 2 {
-		t.Fatalf("%d credits, want the minimum of 2", ends[1].tr.credits)
+	if ends[1].tr.e.Credits() != 2 {
+		t.Fatalf("%d credits, want the minimum of 2", ends[1].tr.e.Credits())
 	}
 	for _, e := range ends[1:] {
 		for i := range 2 {

@@ -326,7 +326,7 @@ func TestReadNamesSRQ(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr := j.ends[0].tr
-	tr.peers[1].srqn = tr.peers[3].srqn
+	tr.peers[1].SRQN = tr.peers[3].SRQN
 	if err := tr.Read(1, make([]byte, len(src)), rm, 1); err != nil {
 		t.Fatal(err)
 	}

@@ -76,6 +76,7 @@ type CoreConfig struct {
 // Reads. It owns them until Close.
 type Core struct {
 	Port verbs.PortAttr
+	port uint8 // the port's number
 	// MaxRd is the RDMA READs a QP keeps outstanding.
 	MaxRd int
 
@@ -93,7 +94,7 @@ type Core struct {
 // NewCore queries the device and port and makes the shared objects. On
 // error the returned Core is to be closed.
 func NewCore(cfg CoreConfig) (*Core, error) {
-	c := &Core{wc: make([]verbs.WorkCompletion, 32)}
+	c := &Core{port: cfg.Port, wc: make([]verbs.WorkCompletion, 32)}
 	dev := cfg.Device
 	attr, err := dev.QueryDevice()
 	if err != nil {
