@@ -19,10 +19,10 @@
 //     send buffers and the framing of a SEND (frame.go), the registration
 //     cache (regcache.go), RDMA READ splitting and bookkeeping (reads.go).
 //   - Credit accounting (credits.go), work request ids (wrid.go), the
-//     Remote format (remote.go), the lazy-connection mailbox
-//     (mailbox.go), the goroutines that wait for completion and async
-//     events (events.go), the common counters (metrics.go) and the
-//     queue-size estimate of Stats.
+//     Remote format (remote.go), the header of the records (record.go),
+//     the lazy-connection mailbox (mailbox.go), the goroutines that wait
+//     for completion and async events (events.go), the common counters
+//     (metrics.go) and the queue-size estimate of Stats.
 //
 // # Memory
 //
