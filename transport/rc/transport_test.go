@@ -7,6 +7,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -340,7 +341,9 @@ func metricValues(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 // minimum of 2 credits each fill a receiver's SRQ of 8 while it does not
 // progress: the SRQ limit event fires, the senders' last frames meet RNR
 // NAKs and are retried, and once the receiver progresses every frame
-// arrives, in order per sender.
+// arrives, in order per sender. The receiver starts progressing only once
+// it sent an RNR NAK: were it to repost its buffers sooner, the last
+// frames could find them and meet none.
 func TestOvercommit(t *testing.T) {
 	d, c0 := newDevice(t, softhca.Faults{})
 	ctxs := []*verbs.Context{c0}
@@ -369,8 +372,19 @@ func TestOvercommit(t *testing.T) {
 			}
 		}
 	}
-	// Wait (while the senders progress) for the receiver's limit event.
-	progress(t, ends[1:], func() bool { return metricValues(t, reg)["xrc_rc_srq_limit_events_total"] > 0 })
+	// Wait (while the senders progress) for the receiver's limit event
+	// and its first RNR NAK (all ranks share the device d, whose
+	// responder is the receiver's). Until it progresses, nothing reposts
+	// its buffers (the limit event finds none free), so the frames beyond
+	// the 8 buffers meet RNR NAKs. The deadline only turns a hang into a
+	// failure.
+	limited := func() bool { return metricValues(t, reg)["xrc_rc_srq_limit_events_total"] > 0 }
+	nakSent := func() bool { return d.Counters().RNRNaksSent.Load() > 0 }
+	deadline := time.Now().Add(time.Minute)
+	progress(t, ends[1:], func() bool { return limited() && nakSent() || time.Now().After(deadline) })
+	if !limited() || !nakSent() {
+		t.Fatalf("limit event: %v, RNR NAK sent: %v; want both: the SRQ was not overcommitted", limited(), nakSent())
+	}
 	progress(t, ends, func() bool {
 		n := 0
 		for r := 1; r < len(ends); r++ {
@@ -384,9 +398,6 @@ func TestOvercommit(t *testing.T) {
 				t.Fatalf("frame %d from %d: %v", i, r, f)
 			}
 		}
-	}
-	if n := d.Counters().RNRNaksSent.Load(); n == 0 {
-		t.Error("no RNR NAK: the SRQ was not overcommitted")
 	}
 }
 
