@@ -20,7 +20,10 @@ func (t *Transport) Unexpose(rm transport.Remote) error { return t.e.Unexpose(rm
 // node, each naming rank's SRQ, in chunks of verbsx.ChunkSize, as many at
 // once as the QP and verbsx.MaxInFlight allow. A read needs only the INI
 // QP: with lazy connection it waits for the INI QP at RTS, not for rank's
-// reply. dst is registered (through the cache) until the last chunk
+// reply. Without lazy connection, a read toward a node whose INI QP is
+// not connected fails the node: the read ends (ReadDone) with an error
+// naming the node, which every later call toward any of its ranks
+// returns. dst is registered (through the cache) until the last chunk
 // completes; the handler of a later Progress gets ReadDone(cookie). A
 // Remote not made by xrc at rank, or shorter than dst, is refused with
 // ErrBadRemote.

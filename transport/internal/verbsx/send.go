@@ -74,10 +74,11 @@ func (e *Endpoint) ready(p *Peer) (bool, error) {
 }
 
 // connect starts a lazy connection toward p. Without lazy connection a
-// peer not ready is not connected.
+// peer not ready is not connected: the error names p's Conn (RC: p; XRC:
+// p's node), which Read fails with it.
 func (e *Endpoint) connect(p *Peer) error {
 	if e.Lazy == nil {
-		return fmt.Errorf("%s: rank %d: not connected", e.name, p.Rank)
+		return p.Conn.Errorf("not connected")
 	}
 	return e.Lazy.Start(p)
 }
