@@ -44,7 +44,7 @@ func (l *lazy) Start(vp *verbsx.Peer) error { return l.start(l.t.peers[vp.Rank])
 // start makes p's QP and sends the peer a hello. Called by the goroutine
 // driving the transport.
 func (l *lazy) start(p *peer) error {
-	if p.conn.State != verbsx.ConnIdle {
+	if p.conn.State() != verbsx.ConnIdle {
 		return nil
 	}
 	if err := l.t.createQP(p); err != nil {
@@ -52,7 +52,6 @@ func (l *lazy) start(p *peer) error {
 		l.t.e.Fail(&p.conn, err)
 		return err
 	}
-	p.conn.State = verbsx.ConnConnecting
 	h := hello{rank: l.t.cfg.Rank, qpn: p.conn.QP.Num(), psn: p.conn.PSN}
 	l.t.e.Go(func() { l.put(p.Rank, h) })
 	return nil
@@ -108,12 +107,12 @@ func (l *lazy) Apply() {
 	}
 	for _, h := range hs {
 		p := t.peers[h.rank]
-		if p == nil || p.conn.State == verbsx.ConnReady {
+		if p == nil || p.conn.State() == verbsx.ConnReady {
 			t.m.Bad.Inc()
 			t.log.Warn("lazy connect: unexpected request", "from", h.rank)
 			continue
 		}
-		if p.conn.State == verbsx.ConnFailed {
+		if p.conn.State() == verbsx.ConnFailed {
 			continue
 		}
 		if err := l.start(p); err != nil {

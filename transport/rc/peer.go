@@ -13,7 +13,7 @@ type peer struct {
 }
 
 func newPeer(rank int) *peer {
-	p := &peer{conn: verbsx.RankConn("rc", rank)}
+	p := &peer{conn: verbsx.RankConn(rank)}
 	p.Peer = verbsx.Peer{Rank: rank, Conn: &p.conn, Acked: true}
 	return p
 }

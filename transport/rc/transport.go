@@ -94,7 +94,7 @@ func New(cfg Config) (*Transport, error) {
 	t.e, err = verbsx.NewEndpoint(verbsx.EndpointConfig{
 		CoreConfig: verbsx.CoreConfig{Device: cfg.Device, Port: cfg.Port,
 			Sizes: verbsx.Sizes{EagerSize: cfg.EagerSize, SRQDepth: cfg.SRQDepth, SendSlots: cfg.SendSlots, SendDepth: cfg.SendDepth},
-			CQE:   cfg.SRQDepth + remotes*cfg.SendDepth + 16, RecvWRID: verbsx.WRRecv,
+			CQE:   cfg.SRQDepth + remotes*cfg.SendDepth + 16,
 			NewSRQ: func(pd *verbs.PD, _ *verbs.CQ) (*verbs.SRQ, error) {
 				return pd.CreateSRQ(verbs.SRQAttr{MaxWR: uint32(cfg.SRQDepth), MaxSGE: 1})
 			}},

@@ -36,7 +36,7 @@ import (
 //     need only the INI QP at RTS.
 //
 // Bootstrap calls block, so they run in goroutines; the verbs work and
-// the transport's state change only in Progress (apply).
+// the transport's state change only in Progress (Apply).
 type lazy struct {
 	t    *Transport
 	boot *bootstrap.Client
@@ -90,8 +90,8 @@ func (l *lazy) Start(vp *verbsx.Peer) error { return l.start(l.t.peers[vp.Rank])
 // p's node, failed.
 func (l *lazy) start(p *peer) error {
 	n, t := p.node, l.t
-	if n.ini.State == verbsx.ConnFailed {
-		return n.ini.Err
+	if n.ini.State() == verbsx.ConnFailed {
+		return n.ini.Err()
 	}
 	if p.asked {
 		return nil
@@ -191,7 +191,7 @@ func (l *lazy) Apply() {
 			continue
 		}
 		n := p.node
-		if n.ini.State == verbsx.ConnFailed {
+		if n.ini.State() == verbsx.ConnFailed {
 			continue
 		}
 		if err := l.do(p, a); err != nil {
@@ -234,7 +234,7 @@ func (l *lazy) do(p *peer, a action) error {
 			t.m.Bad.Inc()
 			t.log.Warn("lazy connect: an unexpected reply", "from", p.Rank)
 			return nil
-		case n.ini.State == verbsx.ConnConnecting:
+		case n.ini.State() == verbsx.ConnConnecting:
 			if err := t.connectINI(n, a.m.qpn, p.rec.gid, p.rec.mtu); err != nil {
 				return err
 			}

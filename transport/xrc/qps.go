@@ -14,7 +14,6 @@ func (t *Transport) createINI(n *node) error {
 	if err := t.e.MakeQP(&n.ini, verbs.QPInitAttr{Type: verbs.QPTXRCIni, SendCQ: t.e.Core.CQ}); err != nil {
 		return n.ini.Errorf("INI QP: %w", err)
 	}
-	n.ini.State = verbsx.ConnConnecting
 	return nil
 }
 

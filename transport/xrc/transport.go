@@ -111,7 +111,7 @@ func New(cfg Config) (*Transport, error) {
 		}
 		n := byNode[id]
 		if n == nil {
-			n = &node{id: id, ini: verbsx.NodeConn("xrc", id)}
+			n = &node{id: id, ini: verbsx.NodeConn(id)}
 			byNode[id] = n
 			t.nodes = append(t.nodes, n)
 		}
@@ -158,7 +158,7 @@ func (t *Transport) setup(vps []*verbsx.Peer) error {
 	t.e, err = verbsx.NewEndpoint(verbsx.EndpointConfig{
 		CoreConfig: verbsx.CoreConfig{Device: cfg.Device, Port: cfg.Port,
 			Sizes: verbsx.Sizes{EagerSize: cfg.EagerSize, SRQDepth: cfg.SRQDepth, SendSlots: cfg.SendSlots, SendDepth: cfg.SendDepth},
-			CQE:   cfg.SRQDepth + len(t.nodes)*cfg.SendDepth + 16, RecvWRID: verbsx.WRRecv,
+			CQE:   cfg.SRQDepth + len(t.nodes)*cfg.SendDepth + 16,
 			NewSRQ: func(pd *verbs.PD, cq *verbs.CQ) (*verbs.SRQ, error) {
 				return pd.CreateXRCSRQ(t.xrcd, cq, verbs.SRQAttr{MaxWR: uint32(cfg.SRQDepth), MaxSGE: 1})
 			}},

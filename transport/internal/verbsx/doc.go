@@ -8,10 +8,11 @@
 //     depend on the connection type (TrySend, Read, Expose, Unexpose,
 //     Progress, Reaches, MaxEager) over Conns (a send QP and the work
 //     queued on it: RC's QP, XRC's INI QP) and Peers (a remote rank, its
-//     Conn, its SRQ number, its credits); completions (progress.go),
-//     sends and credit messages (send.go), reads (read.go), making and
-//     connecting a Conn's QP and failing it (connect.go, qp.go), and the
-//     goroutines. A transport makes its Conns and Peers, tells the
+//     Conn, its SRQ number, its credits) and failing a Conn (conn.go);
+//     completions and the Conns and Peers with work left for Progress
+//     (progress.go), sends and credit messages (send.go), reads
+//     (read.go), making and connecting a Conn's QP (connect.go, qp.go),
+//     and the goroutines. A transport makes its Conns and Peers, tells the
 //     Endpoint which QP numbers complete whose frames (Receives), and
 //     connects lazily through a Connector of its own.
 //   - Core (core.go): the port, PD, completion channel and CQ, the SRQ's

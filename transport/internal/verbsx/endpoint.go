@@ -57,20 +57,20 @@ type Endpoint struct {
 	// Lazy, when not nil, connects the Conns on demand.
 	Lazy Connector
 
-	name      string
-	magic     byte
-	rank      int
-	eager     int // the largest frame
-	sendDepth int // each Conn's send queue
-	inline    int // the largest frame sent inline; set by the first QP
-	credits   uint32
-	refund    uint32
-	peers     []*Peer
-	conns     []*Conn          // in the order made
-	bySend    map[uint32]*Conn // by QPN: whose sends and reads complete
-	byRecv    map[uint32]*Peer // by the QPN receive completions name
-	dirtyC    []*Conn          // Conns with reads to post
-	dirtyP    []*Peer          // Peers with credits to return
+	name       string
+	magic      byte
+	rank       int
+	eager      int // the largest frame
+	sendDepth  int // each Conn's send queue
+	inline     int // the largest frame sent inline; set by the first QP
+	credits    uint32
+	refund     uint32
+	peers      []*Peer
+	conns      []*Conn          // in the order made
+	bySend     map[uint32]*Conn // by QPN: whose sends and reads complete
+	byRecv     map[uint32]*Peer // by the QPN receive completions name
+	dirtyConns []*Conn          // Conns with reads to post
+	dirtyPeers []*Peer          // Peers with credits to return
 
 	kick    func()
 	dev     *verbs.Context
@@ -99,6 +99,7 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 	remotes := 0
 	for _, p := range cfg.Peers {
 		if p != nil {
+			p.Conn.name = cfg.Name
 			remotes++
 		}
 	}
@@ -206,7 +207,7 @@ func (e *Endpoint) Usage() Usage {
 	for _, c := range e.conns {
 		if c.QP != nil {
 			u.Conns++
-			if c.State == ConnReady {
+			if c.state == ConnReady {
 				u.Ready++
 			}
 		}

@@ -26,27 +26,27 @@ func (e *Endpoint) Progress(h transport.Handler) (int, error) {
 	if err != nil {
 		return n, fmt.Errorf("%s: %w", e.name, err)
 	}
-	keep := e.dirtyC[:0]
-	for _, c := range e.dirtyC {
+	keep := e.dirtyConns[:0]
+	for _, c := range e.dirtyConns {
 		e.postReads(c)
-		if c.State != ConnFailed && len(c.Pending) > 0 {
+		if c.state != ConnFailed && len(c.pending) > 0 {
 			keep = append(keep, c)
 		} else {
 			c.dirty = false
 		}
 	}
-	clear(e.dirtyC[len(keep):])
-	e.dirtyC = keep
-	owe := e.dirtyP[:0]
-	for _, p := range e.dirtyP {
+	clear(e.dirtyConns[len(keep):])
+	e.dirtyConns = keep
+	owe := e.dirtyPeers[:0]
+	for _, p := range e.dirtyPeers {
 		if e.returnCredits(p) {
 			owe = append(owe, p)
 		} else {
 			p.dirty = false
 		}
 	}
-	clear(e.dirtyP[len(owe):])
-	e.dirtyP = owe
+	clear(e.dirtyPeers[len(owe):])
+	e.dirtyPeers = owe
 	n += e.Core.Reads.Finish(h)
 	return n, nil
 }
@@ -63,7 +63,7 @@ func (e *Endpoint) complete(h transport.Handler, wc *verbs.WorkCompletion) int {
 		e.log.Warn("completion of an unknown QP", "qpn", wc.QPNum, "wr_id", wc.WRID, "status", wc.Status)
 		return 0
 	}
-	c.SQUsed--
+	c.sqUsed--
 	var err error
 	if wc.Status != verbs.WCSuccess {
 		e.m.CompletionErrors.Inc()
@@ -71,7 +71,7 @@ func (e *Endpoint) complete(h transport.Handler, wc *verbs.WorkCompletion) int {
 			e.m.RNRExceeded.Inc()
 		}
 		err = c.Errorf("%v completion: %v", wrName(wc.WRID), wc.Status)
-		if wc.Status != verbs.WCWRFlushErr || c.State != ConnFailed {
+		if wc.Status != verbs.WCWRFlushErr || c.state != ConnFailed {
 			e.Fail(c, err)
 		}
 	}
@@ -82,7 +82,7 @@ func (e *Endpoint) complete(h transport.Handler, wc *verbs.WorkCompletion) int {
 		}
 	case WRCredit:
 	case WRRead:
-		c.ReadsOut--
+		c.readsOut--
 		if !e.Core.Reads.Completed(idx, err) {
 			e.m.Bad.Inc()
 		}
@@ -115,7 +115,7 @@ func (e *Endpoint) received(h transport.Handler, wc *verbs.WorkCompletion, i uin
 		e.log.Warn("dropped a receive", e.recvKey, wc.QPNum, "bytes", wc.ByteLen, "flags", wc.Flags)
 		return 0
 	}
-	if !p.Cr.Received(wc.Imm) {
+	if !p.cr.Received(wc.Imm) {
 		e.m.CreditMsgsIn.Inc()
 		return 0
 	}
@@ -124,4 +124,20 @@ func (e *Endpoint) received(h transport.Handler, wc *verbs.WorkCompletion, i uin
 	e.m.RecvBytes.Add(float64(wc.ByteLen))
 	h.Deliver(p.Rank, recv.Buf(i)[:wc.ByteLen])
 	return 1
+}
+
+// MarkDirty has Progress post c's waiting reads, if any.
+func (e *Endpoint) MarkDirty(c *Conn) {
+	if len(c.pending) > 0 && !c.dirty {
+		c.dirty = true
+		e.dirtyConns = append(e.dirtyConns, c)
+	}
+}
+
+// markPeer has Progress return p's credits once enough are owed.
+func (e *Endpoint) markPeer(p *Peer) {
+	if !p.dirty {
+		p.dirty = true
+		e.dirtyPeers = append(e.dirtyPeers, p)
+	}
 }

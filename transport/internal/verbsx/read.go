@@ -24,10 +24,10 @@ func (e *Endpoint) Read(rank int, dst []byte, src transport.Remote, cookie uint6
 		return fmt.Errorf("%w: %d bytes from rank %d", transport.ErrBadRemote, len(dst), rank)
 	}
 	c := p.Conn
-	if c.State == ConnFailed {
-		return c.Err
+	if c.state == ConnFailed {
+		return c.err
 	}
-	if c.Pending, err = e.Core.Reads.Start(dst, r.Addr, r.RKey, p.SRQN, cookie, c.Pending); err != nil {
+	if c.pending, err = e.Core.Reads.Start(dst, r.Addr, r.RKey, p.SRQN, cookie, c.pending); err != nil {
 		return fmt.Errorf("%s: %w", e.name, err)
 	}
 	if len(dst) == 0 {
@@ -35,7 +35,7 @@ func (e *Endpoint) Read(rank int, dst []byte, src transport.Remote, cookie uint6
 	}
 	e.m.Reads.Inc()
 	e.m.ReadBytes.Add(float64(len(dst)))
-	if c.State != ConnReady {
+	if c.state != ConnReady {
 		// A read needs only the QP: the exposing rank gets no
 		// completion, so (XRC) it need not know this rank's TGT QP yet.
 		if err := e.connect(p); err != nil {
@@ -50,20 +50,20 @@ func (e *Endpoint) Read(rank int, dst []byte, src transport.Remote, cookie uint6
 
 // postReads posts c's waiting reads while its QP has room for them.
 func (e *Endpoint) postReads(c *Conn) {
-	if c.State != ConnReady {
+	if c.state != ConnReady {
 		return
 	}
-	for len(c.Pending) > 0 && c.ReadsOut < e.Core.MaxRd && c.SQUsed < e.sendDepth-1 && e.Core.Reads.Room() {
-		ch := c.Pending[0]
+	for len(c.pending) > 0 && c.readsOut < e.Core.MaxRd && c.sqUsed < e.sendDepth-1 && e.Core.Reads.Room() {
+		ch := c.pending[0]
 		wr := ch.WR(WRRead | ch.Op.ID)
 		if err := c.QP.PostSend(&wr); err != nil {
 			e.Fail(c, c.Errorf("read: %w", err))
 			return
 		}
-		c.Pending[0] = Chunk{}
-		c.Pending = c.Pending[1:]
-		c.SQUsed++
-		c.ReadsOut++
+		c.pending[0] = Chunk{}
+		c.pending = c.pending[1:]
+		c.sqUsed++
+		c.readsOut++
 		e.Core.Reads.Posted()
 	}
 }

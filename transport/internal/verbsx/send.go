@@ -29,16 +29,16 @@ func (e *Endpoint) TrySend(rank int, parts ...[]byte) (bool, error) {
 	if ok, err := e.ready(p); !ok {
 		return false, err
 	}
-	if p.Cr.Outstanding() >= e.credits {
+	if p.cr.Outstanding() >= e.credits {
 		e.m.CreditStalls.Inc()
 		return false, nil
 	}
 	c := p.Conn
-	if c.SQUsed >= e.sendDepth-1 {
+	if c.sqUsed >= e.sendDepth-1 {
 		e.m.QueueStalls.Inc()
 		return false, nil
 	}
-	wr := verbs.SendWR{Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled, Imm: p.Cr.SendImm(), RemoteSRQNum: p.SRQN}
+	wr := verbs.SendWR{Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled, Imm: p.cr.SendImm(), RemoteSRQNum: p.SRQN}
 	var sges [8]verbs.SGE
 	slot, ok := e.Core.Frame(&wr, sges[:], e.inline, parts, total)
 	if !ok {
@@ -54,8 +54,8 @@ func (e *Endpoint) TrySend(rank int, parts ...[]byte) (bool, error) {
 		e.Fail(c, err)
 		return false, err
 	}
-	c.SQUsed++
-	p.Cr.Sent()
+	c.sqUsed++
+	p.cr.Sent()
 	e.m.SentFrames.Inc()
 	e.m.SentBytes.Add(float64(total))
 	return true, nil
@@ -65,8 +65,8 @@ func (e *Endpoint) TrySend(rank int, parts ...[]byte) (bool, error) {
 // connection if there is none, and the error of p's Conn if it failed.
 func (e *Endpoint) ready(p *Peer) (bool, error) {
 	switch {
-	case p.Conn.State == ConnFailed:
-		return false, p.Conn.Err
+	case p.Conn.state == ConnFailed:
+		return false, p.Conn.err
 	case p.Ready():
 		return true, nil
 	}
@@ -87,21 +87,21 @@ func (e *Endpoint) connect(p *Peer) error {
 // its frames since it last said so. Called by Progress for dirty peers;
 // reports whether p still owes.
 func (e *Endpoint) returnCredits(p *Peer) bool {
-	if p.Cr.Owed() < e.refund {
+	if p.cr.Owed() < e.refund {
 		return false
 	}
 	c := p.Conn
-	if !p.Ready() || c.SQUsed >= e.sendDepth {
-		return c.State != ConnFailed
+	if !p.Ready() || c.sqUsed >= e.sendDepth {
+		return c.state != ConnFailed
 	}
 	wr := verbs.SendWR{WRID: WRCredit, Opcode: verbs.WRSendWithImm, Flags: verbs.SendSignaled | verbs.SendInline,
-		Imm: p.Cr.CreditImm(), RemoteSRQNum: p.SRQN}
+		Imm: p.cr.CreditImm(), RemoteSRQNum: p.SRQN}
 	if err := c.QP.PostSend(&wr); err != nil {
 		e.Fail(c, c.postError(p, "credit message", err))
 		return false
 	}
-	c.SQUsed++
-	p.Cr.Announced()
+	c.sqUsed++
+	p.cr.Announced()
 	e.m.CreditMsgs.Inc()
 	return false
 }
