@@ -128,20 +128,24 @@ func (e *Endpoint) Run() context.Context {
 // Go runs f in a goroutine that Close waits for.
 func (e *Endpoint) Go(f func()) { e.wg.Go(f) }
 
-// Close ends the context of Run, waits for the goroutines and, the first
-// time, calls teardown, which frees what the transport made.
+// Close ends the context of Run (if Run was called), waits for the
+// goroutines and, the first time, calls teardown, which frees what the
+// transport made (and the Endpoint: Free).
 func (e *Endpoint) Close(teardown func() error) error {
 	if e.stopped {
 		return nil
 	}
 	e.stopped = true
-	e.cancel()
+	if e.cancel != nil {
+		e.cancel()
+	}
 	e.wg.Wait()
 	return teardown()
 }
 
-// Free destroys the Conns' QPs and closes the Core. The QPs of the
-// transport's own (XRC's TGT QPs) go first. Nothing on a nil Endpoint.
+// Free destroys the Conns' QPs and closes the Core. QPs the transport
+// made itself (XRC's TGT QPs) are not the Endpoint's: the caller closes
+// them before calling Free. Nothing on a nil Endpoint.
 func (e *Endpoint) Free() error {
 	if e == nil {
 		return nil
