@@ -40,8 +40,14 @@ func (h *Handler) Deliver(rank int, f []byte) {
 // ReadDone records err.
 func (h *Handler) ReadDone(cookie uint64, err error) { h.Reads[cookie] = err }
 
-// End is one rank of a test job: its transport, handler and kicker.
-type End[T transport.Transport] struct {
+// Progresser is what an End drives: a transport, or verbsx's Endpoint.
+type Progresser interface {
+	Progress(h transport.Handler) (int, error)
+}
+
+// End is one rank of a test job: its transport (or Endpoint), handler
+// and kicker.
+type End[T Progresser] struct {
 	Tr T
 	H  *Handler
 	K  *Kicker
@@ -76,7 +82,7 @@ func Connect[T transport.Transport](t testing.TB, ends []*End[T], nodes []int) {
 // Progress runs Progress on every end until cond holds, sleeping on the
 // ends' kicks when nothing moves. The deadline only guards against a
 // hang.
-func Progress[T transport.Transport](t testing.TB, ends []*End[T], cond func() bool) {
+func Progress[T Progresser](t testing.TB, ends []*End[T], cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(3 * time.Minute)
 	for idle := 0; !cond(); {
