@@ -24,7 +24,7 @@ import (
 // one, whoever started, and two ranks that start at once simply cross.
 // The side that answers reaches RTS first; a frame it sends before the
 // starter is at RTR is retransmitted by RC. Only the bootstrap goroutines
-// block; the verbs work happens in Progress (apply).
+// block; the verbs work happens in Progress (Apply).
 type lazy struct {
 	t    *Transport
 	mbox *verbsx.Mailbox
@@ -38,20 +38,22 @@ type lazy struct {
 	failed map[int]error // guarded by mu: peers whose hello could not be put
 }
 
+// Start is start for verbsx (TrySend, Read).
+func (l *lazy) Start(vp *verbsx.Peer) error { return l.start(l.t.peers[vp.Rank]) }
+
 // start makes p's QP and sends the peer a hello. Called by the goroutine
 // driving the transport.
 func (l *lazy) start(p *peer) error {
-	if p.state != peerIdle {
+	if p.conn.State() != verbsx.ConnIdle {
 		return nil
 	}
 	if err := l.t.createQP(p); err != nil {
-		err = peerError(p, "lazy connect: %w", err)
-		l.t.fail(p, err)
+		err = p.conn.Errorf("lazy connect: %w", err)
+		l.t.e.Fail(&p.conn, err)
 		return err
 	}
-	p.state = peerConnecting
-	h := hello{rank: l.t.cfg.Rank, qpn: p.qp.Num(), psn: p.psn}
-	l.t.wg.Go(func() { l.put(p.rank, h) })
+	h := hello{rank: l.t.cfg.Rank, qpn: p.conn.QP.Num(), psn: p.conn.PSN}
+	l.t.e.Go(func() { l.put(p.Rank, h) })
 	return nil
 }
 
@@ -84,9 +86,9 @@ func (l *lazy) readMailbox(ctx context.Context) {
 	}
 }
 
-// apply connects the QPs of the hellos that came, and fails the peers
+// Apply connects the QPs of the hellos that came, and fails the peers
 // whose hello could not be put. Called by Progress.
-func (l *lazy) apply() {
+func (l *lazy) Apply() {
 	if !l.connected.Load() {
 		return
 	}
@@ -100,26 +102,26 @@ func (l *lazy) apply() {
 	t := l.t
 	for rank, err := range failed {
 		if p := t.peers[rank]; p != nil {
-			t.fail(p, peerError(p, "lazy connect: %w", err))
+			t.e.Fail(&p.conn, p.conn.Errorf("lazy connect: %w", err))
 		}
 	}
 	for _, h := range hs {
 		p := t.peers[h.rank]
-		if p == nil || p.state == peerReady {
+		if p == nil || p.conn.State() == verbsx.ConnReady {
 			t.m.Bad.Inc()
 			t.log.Warn("lazy connect: unexpected request", "from", h.rank)
 			continue
 		}
-		if p.state == peerFailed {
+		if p.conn.State() == verbsx.ConnFailed {
 			continue
 		}
 		if err := l.start(p); err != nil {
 			continue
 		}
 		if err := t.bringUp(p, h.qpn, h.psn); err != nil {
-			t.fail(p, err)
+			t.e.Fail(&p.conn, err)
 			continue
 		}
-		t.markDirty(p)
+		t.e.MarkDirty(&p.conn)
 	}
 }

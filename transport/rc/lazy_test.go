@@ -32,42 +32,42 @@ func TestLazy(t *testing.T) {
 	}
 	ends := job(t, ctxs, func(c *Config) { c.Lazy, c.Bootstrap = true, cs[c.Rank] })
 	for _, e := range ends {
-		if st := e.tr.Stats(); st.QPs != 0 {
+		if st := e.Tr.Stats(); st.QPs != 0 {
 			t.Fatalf("stats before traffic: %+v", st)
 		}
 	}
 	pair := ends[:2]
 	stream(t, pair, 500)
 	src := pattern(9, 3<<20)
-	rm, err := ends[1].tr.Expose(src)
+	rm, err := ends[1].Tr.Expose(src)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dst := make([]byte, len(src))
-	if err := ends[0].tr.Read(1, dst, rm, 1); err != nil {
+	if err := ends[0].Tr.Read(1, dst, rm, 1); err != nil {
 		t.Fatal(err)
 	}
-	progress(t, pair, func() bool { _, ok := ends[0].h.reads[1]; return ok })
-	if err := ends[0].h.reads[1]; err != nil || !bytes.Equal(dst, src) {
+	progress(t, pair, func() bool { _, ok := ends[0].H.Reads[1]; return ok })
+	if err := ends[0].H.Reads[1]; err != nil || !bytes.Equal(dst, src) {
 		t.Fatalf("read: %v", err)
 	}
 	// A read toward a rank not connected yet waits for the connection.
 	dst2 := make([]byte, 100)
 	src2 := pattern(3, 100)
-	rm2, err := ends[2].tr.Expose(src2)
+	rm2, err := ends[2].Tr.Expose(src2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ends[1].tr.Read(2, dst2, rm2, 2); err != nil {
+	if err := ends[1].Tr.Read(2, dst2, rm2, 2); err != nil {
 		t.Fatal(err)
 	}
-	progress(t, ends, func() bool { _, ok := ends[1].h.reads[2]; return ok })
-	if err := ends[1].h.reads[2]; err != nil || !bytes.Equal(dst2, src2) {
+	progress(t, ends, func() bool { _, ok := ends[1].H.Reads[2]; return ok })
+	if err := ends[1].H.Reads[2]; err != nil || !bytes.Equal(dst2, src2) {
 		t.Fatalf("read: %v", err)
 	}
 	want := []int{1, 2, 1}
 	for i, e := range ends {
-		if st := e.tr.Stats(); st.QPs != want[i] || st.Connected != want[i] || st.HandshakeTime <= 0 || st.SetupTime <= 0 {
+		if st := e.Tr.Stats(); st.QPs != want[i] || st.Connected != want[i] || st.HandshakeTime <= 0 || st.SetupTime <= 0 {
 			t.Errorf("rank %d: %+v, want %d QPs", i, st, want[i])
 		}
 	}

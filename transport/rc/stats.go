@@ -25,16 +25,7 @@ type Stats struct {
 // Stats reports the transport's objects and memory. Call it from the
 // goroutine that drives the transport.
 func (t *Transport) Stats() Stats {
-	s := Stats{SRQs: 1, CachedRegions: t.core.Cache.Entries(), SetupTime: t.setupTime, HandshakeTime: t.handshake}
-	for _, p := range t.peers {
-		if p != nil && p.qp != nil {
-			s.QPs++
-			if p.state == peerReady {
-				s.Connected++
-			}
-		}
-	}
-	s.RegisteredBytes = t.core.RegisteredBytes()
-	s.QueueBytes = t.core.QueueBytes(s.QPs, t.cfg.SendDepth)
-	return s
+	u := t.e.Usage()
+	return Stats{QPs: u.Conns, SRQs: 1, Connected: u.Ready, RegisteredBytes: u.RegisteredBytes,
+		CachedRegions: u.CachedRegions, QueueBytes: u.QueueBytes, SetupTime: u.SetupTime, HandshakeTime: u.HandshakeTime}
 }

@@ -45,9 +45,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"sync"
-	"time"
 
 	"github.com/xrcrun/xrc/transport"
 	"github.com/xrcrun/xrc/transport/internal/verbsx"
@@ -56,47 +53,21 @@ import (
 
 // Transport is the RC transport of one rank.
 type Transport struct {
-	cfg  Config
-	log  *slog.Logger
-	m    *metrics
-	n    int // ranks in the job
-	port verbs.PortAttr
-	// inline is the largest frame sent inline.
-	inline int
+	cfg Config
+	log *slog.Logger
+	m   *verbsx.Metrics
+	n   int // ranks in the job
 
-	// core holds the PD, the CQ, the SRQ and its buffers, the send
-	// buffers, the registration cache and the reads.
-	core *verbsx.Core
+	// e holds the PD, the CQ, the SRQ and its buffers, the send buffers,
+	// the registration cache and the reads, and carries the frames, credit
+	// messages and reads through the peers' QPs.
+	e     *verbsx.Endpoint
+	peers []*peer // by rank; nil for this node's ranks
 
-	peers   []*peer // by rank; nil for this node's ranks
-	remotes int
-	byQPN   map[uint32]*peer
-	credits uint32 // frames a sender may have unconsumed at one receiver
-	refund  uint32 // freed frames that make a credit message worth sending
-
-	dirty []*peer // peers with reads to post or credits to return
-
-	// setupTime is the time spent making QPs and changing their states;
-	// handshake the time lazy connections took from the first need to
-	// RTS, summed over peers.
-	setupTime, handshake time.Duration
-
-	lz     *lazy // nil unless Config.Lazy
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	closed bool
+	lz *lazy // nil unless Config.Lazy
 }
 
 var _ transport.Transport = (*Transport)(nil)
-
-// Tunables of the QPs.
-const (
-	inlineSize  = 96 // frames up to this size go inline
-	minRNRTimer = 12 // 0.64 ms
-	rnrRetry    = 7  // retry forever: RNR is flow control's last resort
-	qpTimeout   = 14 // 67 ms
-	retryCount  = 7  // transport retries before a QP fails
-)
 
 // New creates the rank's PD, CQ, SRQ and buffers and, unless cfg.Lazy, a
 // QP toward every rank of another node, so that Record can publish them.
@@ -105,49 +76,48 @@ func New(cfg Config) (*Transport, error) {
 		return nil, err
 	}
 	t := &Transport{cfg: cfg, log: cfg.Logger.With("transport", "rc", "rank", cfg.Rank), n: len(cfg.Nodes),
-		peers: make([]*peer, len(cfg.Nodes)), byQPN: map[uint32]*peer{}}
+		peers: make([]*peer, len(cfg.Nodes))}
 	me := cfg.Nodes[cfg.Rank]
+	vps, remotes := make([]*verbsx.Peer, len(cfg.Nodes)), 0
 	for r, node := range cfg.Nodes {
 		if node != me {
-			t.peers[r] = &peer{rank: r}
-			t.remotes++
+			t.peers[r] = newPeer(r)
+			vps[r] = &t.peers[r].Peer
+			remotes++
 		}
 	}
-	var err error
-	if t.m, err = newMetrics(cfg.Registerer, cfg.Rank); err != nil {
+	m, qps, err := newMetrics(cfg.Registerer, cfg.Rank)
+	if err != nil {
 		return nil, err
 	}
-	if err := t.setup(); err != nil {
+	t.m = m
+	t.e, err = verbsx.NewEndpoint(verbsx.EndpointConfig{
+		CoreConfig: verbsx.CoreConfig{Device: cfg.Device, Port: cfg.Port,
+			Sizes: verbsx.Sizes{EagerSize: cfg.EagerSize, SRQDepth: cfg.SRQDepth, SendSlots: cfg.SendSlots, SendDepth: cfg.SendDepth},
+			CQE:   cfg.SRQDepth + remotes*cfg.SendDepth + 16,
+			NewSRQ: func(pd *verbs.PD, _ *verbs.CQ) (*verbs.SRQ, error) {
+				return pd.CreateSRQ(verbs.SRQAttr{MaxWR: uint32(cfg.SRQDepth), MaxSGE: 1})
+			}},
+		Name: "rc", Magic: remoteMagic, Rank: cfg.Rank, Peers: vps, Kick: cfg.Kick,
+		Log: t.log, Metrics: m, QPs: qps, RecvQPKey: "qpn"})
+	if err == nil {
+		err = t.createQPs()
+	}
+	if err != nil {
 		return nil, errors.Join(err, t.teardown())
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.cancel = cancel
-	t.wg.Go(func() { verbsx.WatchCQ(ctx, t.core.CQ, t.core.Ch, cfg.Kick, t.log, t.m.Metrics) })
-	t.wg.Go(func() { verbsx.WatchEvents(ctx, cfg.Device, t.core.Recv, cfg.Kick, t.log, t.m.Metrics) })
+	ctx := t.e.Run()
 	if cfg.Lazy {
 		t.lz = &lazy{t: t, mbox: verbsx.NewMailbox(cfg.Bootstrap, "rc"), ctx: ctx, failed: map[int]error{}}
-		t.wg.Go(func() { t.lz.readMailbox(ctx) })
+		t.e.Lazy = t.lz
+		t.e.Go(func() { t.lz.readMailbox(ctx) })
 	}
 	return t, nil
 }
 
-func (t *Transport) setup() error {
-	cfg := t.cfg
-	// Every remote rank gets an equal share of the receive buffers.
-	t.credits, t.refund = verbsx.Shares(cfg.SRQDepth, t.remotes)
-	var err error
-	t.core, err = verbsx.NewCore(verbsx.CoreConfig{Device: cfg.Device, Port: cfg.Port,
-		Sizes: verbsx.Sizes{EagerSize: cfg.EagerSize, SRQDepth: cfg.SRQDepth, SendSlots: cfg.SendSlots, SendDepth: cfg.SendDepth},
-		CQE:   cfg.SRQDepth + t.remotes*cfg.SendDepth + 16, RecvWRID: wrRecv,
-		NewSRQ: func(pd *verbs.PD, _ *verbs.CQ) (*verbs.SRQ, error) {
-			return pd.CreateSRQ(verbs.SRQAttr{MaxWR: uint32(cfg.SRQDepth), MaxSGE: 1})
-		}})
-	if err != nil {
-		return fmt.Errorf("rc: %w", err)
-	}
-	t.port = t.core.Port
-	t.m.SRQPosted.Set(float64(cfg.SRQDepth))
-	if cfg.Lazy {
+// createQPs makes the QP toward every peer, unless connecting lazily.
+func (t *Transport) createQPs() error {
+	if t.cfg.Lazy {
 		return nil
 	}
 	for _, p := range t.peers {
@@ -162,24 +132,13 @@ func (t *Transport) setup() error {
 
 // createQP makes p's QP and takes it to INIT.
 func (t *Transport) createQP(p *peer) error {
-	start := time.Now()
-	p.started = start
-	defer func() { t.setupTime += time.Since(start) }()
-	qp, err := t.core.PD.CreateQP(&verbs.QPInitAttr{Type: verbs.QPTRC, SendCQ: t.core.CQ, RecvCQ: t.core.CQ, SRQ: t.core.Recv.SRQ,
-		Cap: verbs.QPCap{MaxSendWR: uint32(t.cfg.SendDepth), MaxSendSGE: 2, MaxInlineData: inlineSize}})
-	if err != nil {
-		return fmt.Errorf("rc: QP for rank %d: %w", p.rank, err)
+	c := t.e.Core
+	err := t.e.MakeQP(&p.conn, verbs.QPInitAttr{Type: verbs.QPTRC, SendCQ: c.CQ, RecvCQ: c.CQ, SRQ: c.Recv.SRQ})
+	if p.conn.QP != nil {
+		t.e.Receives(p.conn.QP.Num(), &p.Peer)
 	}
-	p.qp, p.psn = qp, rand.Uint32N(1<<24)
-	t.byQPN[qp.Num()] = p
-	t.m.qps.Inc()
-	if t.inline == 0 {
-		t.inline = int(min(inlineSize, qp.Cap().MaxInlineData))
-	}
-	err = qp.Modify(&verbs.QPAttr{State: verbs.QPSInit, Port: t.cfg.Port,
-		AccessFlags: verbs.AccessRemoteRead}, verbs.QPAttrState|verbs.QPAttrPkeyIndex|verbs.QPAttrPort|verbs.QPAttrAccessFlags)
 	if err != nil {
-		return fmt.Errorf("rc: QP for rank %d: %w", p.rank, err)
+		return fmt.Errorf("rc: QP for rank %d: %w", p.Rank, err)
 	}
 	return nil
 }
@@ -187,27 +146,9 @@ func (t *Transport) createQP(p *peer) error {
 // bringUp takes p's QP from INIT to RTS toward the peer's QP qpn, whose
 // first PSN is psn.
 func (t *Transport) bringUp(p *peer, qpn, psn uint32) error {
-	start := time.Now()
-	defer func() { t.setupTime += time.Since(start) }()
-	mtu := min(t.port.ActiveMTU, p.rec.mtu)
-	err := p.qp.Modify(&verbs.QPAttr{State: verbs.QPSRTR, PathMTU: mtu, DestQPN: qpn, RQPSN: psn,
-		MaxDestRdAtomic: uint8(t.core.MaxRd), MinRNRTimer: minRNRTimer,
-		AH: verbs.AHAttr{IsGlobal: true, Port: t.cfg.Port, GRH: verbs.GlobalRoute{DGID: p.rec.gid, HopLimit: 64}}},
-		verbs.QPAttrState|verbs.QPAttrAV|verbs.QPAttrPathMTU|verbs.QPAttrDestQPN|verbs.QPAttrRQPSN|
-			verbs.QPAttrMaxDestRdAtomic|verbs.QPAttrMinRNRTimer)
-	if err == nil {
-		err = p.qp.Modify(&verbs.QPAttr{State: verbs.QPSRTS, Timeout: qpTimeout, RetryCnt: retryCount,
-			RNRRetry: rnrRetry, SQPSN: p.psn, MaxRdAtomic: uint8(t.core.MaxRd)},
-			verbs.QPAttrState|verbs.QPAttrTimeout|verbs.QPAttrRetryCnt|verbs.QPAttrRNRRetry|
-				verbs.QPAttrSQPSN|verbs.QPAttrMaxQPRdAtomic)
-	}
-	if err != nil {
-		return fmt.Errorf("rc: connect to rank %d (QPN %#x): %w", p.rank, qpn, err)
-	}
-	p.state = peerReady
-	t.m.Connects.Inc()
-	if t.lz != nil {
-		t.handshake += time.Since(p.started)
+	to := verbsx.Dest{GID: p.rec.gid, MTU: p.rec.mtu, QPN: qpn, PSN: psn}
+	if err := t.e.BringUp(&p.conn, to, true); err != nil {
+		return fmt.Errorf("rc: connect to rank %d (QPN %#x): %w", p.Rank, qpn, err)
 	}
 	return nil
 }
@@ -217,10 +158,11 @@ func (t *Transport) Name() string { return "rc" }
 
 // Record describes this rank's port and the QP it made for each rank.
 func (t *Transport) Record() []byte {
-	r := record{mtu: t.port.ActiveMTU, gid: t.port.GID, qpns: make([]uint32, t.n), psns: make([]uint32, t.n)}
+	port := t.e.Core.Port
+	r := record{mtu: port.ActiveMTU, gid: port.GID, qpns: make([]uint32, t.n), psns: make([]uint32, t.n)}
 	for i, p := range t.peers {
-		if p != nil && p.qp != nil {
-			r.qpns[i], r.psns[i] = p.qp.Num(), p.psn
+		if p != nil && p.conn.QP != nil {
+			r.qpns[i], r.psns[i] = p.conn.QP.Num(), p.conn.PSN
 		}
 	}
 	return r.encode()
@@ -250,7 +192,7 @@ func (t *Transport) Connect(ctx context.Context, peers []transport.Peer) error {
 			t.m.Bad.Inc()
 			return fmt.Errorf("rank %d: %w", pr.Rank, err)
 		}
-		p.rec = rec
+		p.rec, p.Recorded = rec, true
 		if t.lz != nil {
 			continue
 		}
@@ -270,49 +212,18 @@ func (t *Transport) Connect(ctx context.Context, peers []transport.Peer) error {
 }
 
 // Reaches reports whether rank is on another node.
-func (t *Transport) Reaches(rank int) bool {
-	return rank >= 0 && rank < len(t.peers) && t.peers[rank] != nil
-}
+func (t *Transport) Reaches(rank int) bool { return t.e.Reaches(rank) }
 
 // MaxEager is the size of a receive buffer.
-func (t *Transport) MaxEager() int { return t.cfg.EagerSize }
-
-func (t *Transport) peer(rank int) (*peer, error) {
-	if !t.Reaches(rank) {
-		return nil, fmt.Errorf("%w: rank %d", transport.ErrUnreachable, rank)
-	}
-	p := t.peers[rank]
-	if p.rec == nil {
-		return nil, fmt.Errorf("rc: rank %d: not connected yet", rank)
-	}
-	return p, nil
-}
+func (t *Transport) MaxEager() int { return t.e.MaxEager() }
 
 // Close destroys the QPs and everything else the transport made, and
 // stops its goroutines. Work in flight is discarded: callers close after
 // their peers no longer need it (comm: after Finalize's barrier).
-func (t *Transport) Close() error {
-	if t.closed {
-		return nil
-	}
-	t.closed = true
-	t.cancel()
-	t.wg.Wait()
-	return t.teardown()
-}
+func (t *Transport) Close() error { return t.e.Close(t.teardown) }
 
 func (t *Transport) teardown() error {
-	var errs []error
-	for _, p := range t.peers {
-		if p != nil && p.qp != nil {
-			errs = append(errs, p.qp.Close())
-			p.qp = nil
-			t.m.qps.Dec()
-		}
-	}
-	if t.core != nil {
-		errs = append(errs, t.core.Close())
-	}
+	err := t.e.Free()
 	t.m.Unregister()
-	return errors.Join(errs...)
+	return err
 }

@@ -7,11 +7,13 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/transport"
+	"github.com/xrcrun/xrc/transport/internal/transporttest"
 	"github.com/xrcrun/xrc/transport/internal/verbsx"
 	"github.com/xrcrun/xrc/verbs"
 )
@@ -45,7 +47,7 @@ func TestCredits(t *testing.T) {
 	want := 16 - 3
 	sent := 0
 	for {
-		ok, err := ends[0].tr.TrySend(1, []byte{byte(sent)})
+		ok, err := ends[0].Tr.TrySend(1, []byte{byte(sent)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,7 +62,7 @@ func TestCredits(t *testing.T) {
 	const total = 200
 	progress(t, ends, func() bool {
 		for sent < total {
-			ok, err := ends[0].tr.TrySend(1, []byte{byte(sent)})
+			ok, err := ends[0].Tr.TrySend(1, []byte{byte(sent)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,9 +71,9 @@ func TestCredits(t *testing.T) {
 			}
 			sent++
 		}
-		return len(ends[1].h.frames[0]) == total
+		return len(ends[1].H.Frames[0]) == total
 	})
-	for i, f := range ends[1].h.frames[0] {
+	for i, f := range ends[1].H.Frames[0] {
 		if len(f) != 1 || f[0] != byte(i) {
 			t.Fatalf("frame %d: %v", i, f)
 		}
@@ -87,28 +89,12 @@ func TestCredits(t *testing.T) {
 func stream(t *testing.T, ends []*end, n int) {
 	t.Helper()
 	sent := [2]int{}
-	size := func(i int) int {
-		switch i % 5 {
-		case 0:
-			return 8 // inline
-		case 1:
-			return 0
-		case 2:
-			return ends[0].tr.MaxEager()
-		}
-		return 8 + i*37%(ends[0].tr.MaxEager()-8)
-	}
-	frame := func(from, i int) [][]byte {
-		b := pattern(from*100000+i, size(i))
-		if len(b) >= 8 {
-			binary.LittleEndian.PutUint64(b, uint64(i))
-		}
-		return [][]byte{b[:len(b)/2], b[len(b)/2:]} // two parts
-	}
+	largest := ends[0].Tr.MaxEager()
+	frame := func(from, i int) [][]byte { return transporttest.Frame(from*100000, i, largest) }
 	progress(t, ends, func() bool {
 		for from := range 2 {
 			for sent[from] < n {
-				ok, err := ends[from].tr.TrySend(1-from, frame(from, sent[from])...)
+				ok, err := ends[from].Tr.TrySend(1-from, frame(from, sent[from])...)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -118,14 +104,14 @@ func stream(t *testing.T, ends []*end, n int) {
 				sent[from]++
 			}
 		}
-		return len(ends[0].h.frames[1]) == n && len(ends[1].h.frames[0]) == n
+		return len(ends[0].H.Frames[1]) == n && len(ends[1].H.Frames[0]) == n
 	})
 	for to := range 2 {
 		from := 1 - to
-		for i, f := range ends[to].h.frames[from] {
+		for i, f := range ends[to].H.Frames[from] {
 			want := frame(from, i)
 			if !bytes.Equal(f, append(want[0], want[1]...)) {
-				t.Fatalf("frame %d from %d: %d bytes, differs (want %d)", i, from, len(f), size(i))
+				t.Fatalf("frame %d from %d: %d bytes, differs (want %d)", i, from, len(f), transporttest.FrameSize(i, largest))
 			}
 		}
 	}
@@ -142,7 +128,7 @@ func TestFrames(t *testing.T) {
 		}
 	})
 	stream(t, ends, 3000)
-	st := ends[0].tr.Stats()
+	st := ends[0].Tr.Stats()
 	if st.QPs != 1 || st.Connected != 1 || st.SRQs != 1 || st.RegisteredBytes <= 0 || st.QueueBytes <= 0 {
 		t.Errorf("stats: %+v", st)
 	}
@@ -163,7 +149,7 @@ func TestReads(t *testing.T) {
 	var cookie uint64
 	for _, n := range []int{1, 100, 4096, 4097, 1 << 20, 1<<20 + 1, 3<<20 + 17, 8 << 20} {
 		src := pattern(n, n)
-		rm, err := ends[1].tr.Expose(src)
+		rm, err := ends[1].Tr.Expose(src)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -174,18 +160,18 @@ func TestReads(t *testing.T) {
 			dst := make([]byte, part)
 			cookie++
 			c := cookie
-			if err := ends[0].tr.Read(1, dst, rm, c); err != nil {
+			if err := ends[0].Tr.Read(1, dst, rm, c); err != nil {
 				t.Fatal(err)
 			}
-			progress(t, ends, func() bool { _, ok := ends[0].h.reads[c]; return ok })
-			if err := ends[0].h.reads[c]; err != nil {
+			progress(t, ends, func() bool { _, ok := ends[0].H.Reads[c]; return ok })
+			if err := ends[0].H.Reads[c]; err != nil {
 				t.Fatalf("read %d of %d: %v", part, n, err)
 			}
 			if !bytes.Equal(dst, src[:part]) {
 				t.Fatalf("read %d of %d bytes: differs", part, n)
 			}
 		}
-		if err := ends[1].tr.Unexpose(rm); err != nil {
+		if err := ends[1].Tr.Unexpose(rm); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -194,7 +180,7 @@ func TestReads(t *testing.T) {
 	var rms [2]transport.Remote
 	for i := range 2 {
 		var err error
-		if rms[i], err = ends[i].tr.Expose(src[i]); err != nil {
+		if rms[i], err = ends[i].Tr.Expose(src[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -204,19 +190,19 @@ func TestReads(t *testing.T) {
 			cookie++
 			d := make([]byte, 64<<10)
 			dsts[cookie] = d
-			if err := ends[r].tr.Read(1-r, d, rms[1-r], cookie); err != nil {
+			if err := ends[r].Tr.Read(1-r, d, rms[1-r], cookie); err != nil {
 				t.Fatal(err)
 			}
 		}
 		_ = i
 	}
-	progress(t, ends, func() bool { return len(ends[0].h.reads)+len(ends[1].h.reads) >= len(dsts)+16 })
+	progress(t, ends, func() bool { return len(ends[0].H.Reads)+len(ends[1].H.Reads) >= len(dsts)+16 })
 	for c, d := range dsts {
 		r := 0
-		if _, ok := ends[0].h.reads[c]; !ok {
+		if _, ok := ends[0].H.Reads[c]; !ok {
 			r = 1
 		}
-		if err := ends[r].h.reads[c]; err != nil {
+		if err := ends[r].H.Reads[c]; err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(d, src[1-r]) {
@@ -224,11 +210,11 @@ func TestReads(t *testing.T) {
 		}
 	}
 	for i := range 2 {
-		if err := ends[i].tr.Unexpose(rms[i]); err != nil {
+		if err := ends[i].Tr.Unexpose(rms[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if st := ends[0].tr.Stats(); st.CachedRegions == 0 || st.CachedRegions > verbsx.MaxIdle {
+	if st := ends[0].Tr.Stats(); st.CachedRegions == 0 || st.CachedRegions > verbsx.MaxIdle {
 		t.Errorf("stats: %+v", st)
 	}
 }
@@ -238,9 +224,9 @@ func TestReads(t *testing.T) {
 // the same node are refused with clear errors; nothing is posted.
 func TestBadInput(t *testing.T) {
 	ends := job(t, twoDevices(t), nil)
-	tr := ends[0].tr
+	tr := ends[0].Tr
 	buf := make([]byte, 100)
-	good, err := ends[1].tr.Expose(buf)
+	good, err := ends[1].Tr.Expose(buf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,14 +265,14 @@ func TestBadInput(t *testing.T) {
 	if err := tr.Read(5, buf, good, 1); !errors.Is(err, transport.ErrUnreachable) {
 		t.Errorf("read from no rank: %v", err)
 	}
-	if err := ends[1].tr.Unexpose(good); err != nil {
+	if err := ends[1].Tr.Unexpose(good); err != nil {
 		t.Fatal(err)
 	}
 	// A zero-length read completes without the network.
 	if err := tr.Read(1, nil, good, 77); err != nil {
 		t.Fatal(err)
 	}
-	progress(t, ends, func() bool { _, ok := ends[0].h.reads[77]; return ok })
+	progress(t, ends, func() bool { _, ok := ends[0].H.Reads[77]; return ok })
 }
 
 // TestRecords: malformed records are refused by Connect.
@@ -355,7 +341,9 @@ func metricValues(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 // minimum of 2 credits each fill a receiver's SRQ of 8 while it does not
 // progress: the SRQ limit event fires, the senders' last frames meet RNR
 // NAKs and are retried, and once the receiver progresses every frame
-// arrives, in order per sender.
+// arrives, in order per sender. The receiver starts progressing only once
+// it sent an RNR NAK: were it to repost its buffers sooner, the last
+// frames could find them and meet none.
 func TestOvercommit(t *testing.T) {
 	d, c0 := newDevice(t, softhca.Faults{})
 	ctxs := []*verbs.Context{c0}
@@ -374,34 +362,42 @@ func TestOvercommit(t *testing.T) {
 			c.Registerer = reg
 		}
 	})
-	if ends[1].tr.credits != 2 {
-		t.Fatalf("%d credits, want the minimum of 2", ends[1].tr.credits)
+	if ends[1].Tr.e.Credits() != 2 {
+		t.Fatalf("%d credits, want the minimum of 2", ends[1].Tr.e.Credits())
 	}
 	for _, e := range ends[1:] {
 		for i := range 2 {
-			if ok, err := e.tr.TrySend(0, []byte{byte(e.tr.cfg.Rank), byte(i)}); !ok || err != nil {
+			if ok, err := e.Tr.TrySend(0, []byte{byte(e.Tr.cfg.Rank), byte(i)}); !ok || err != nil {
 				t.Fatalf("send: %v, %v", ok, err)
 			}
 		}
 	}
-	// Wait (while the senders progress) for the receiver's limit event.
-	progress(t, ends[1:], func() bool { return metricValues(t, reg)["xrc_rc_srq_limit_events_total"] > 0 })
+	// Wait (while the senders progress) for the receiver's limit event
+	// and its first RNR NAK (all ranks share the device d, whose
+	// responder is the receiver's). Until it progresses, nothing reposts
+	// its buffers (the limit event finds none free), so the frames beyond
+	// the 8 buffers meet RNR NAKs. The deadline only turns a hang into a
+	// failure.
+	limited := func() bool { return metricValues(t, reg)["xrc_rc_srq_limit_events_total"] > 0 }
+	nakSent := func() bool { return d.Counters().RNRNaksSent.Load() > 0 }
+	deadline := time.Now().Add(time.Minute)
+	progress(t, ends[1:], func() bool { return limited() && nakSent() || time.Now().After(deadline) })
+	if !limited() || !nakSent() {
+		t.Fatalf("limit event: %v, RNR NAK sent: %v; want both: the SRQ was not overcommitted", limited(), nakSent())
+	}
 	progress(t, ends, func() bool {
 		n := 0
 		for r := 1; r < len(ends); r++ {
-			n += len(ends[0].h.frames[r])
+			n += len(ends[0].H.Frames[r])
 		}
 		return n == 12
 	})
 	for r := 1; r < len(ends); r++ {
-		for i, f := range ends[0].h.frames[r] {
+		for i, f := range ends[0].H.Frames[r] {
 			if f[0] != byte(r) || f[1] != byte(i) {
 				t.Fatalf("frame %d from %d: %v", i, r, f)
 			}
 		}
-	}
-	if n := d.Counters().RNRNaksSent.Load(); n == 0 {
-		t.Error("no RNR NAK: the SRQ was not overcommitted")
 	}
 }
 
@@ -411,26 +407,26 @@ func TestOvercommit(t *testing.T) {
 func TestPeerFails(t *testing.T) {
 	ends := job(t, twoDevices(t), nil)
 	buf := make([]byte, 4096)
-	rm, err := ends[1].tr.Expose(buf)
+	rm, err := ends[1].Tr.Expose(buf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	forged := append(transport.Remote(nil), rm...)
 	binary.LittleEndian.PutUint32(forged[16:], binary.LittleEndian.Uint32(rm[16:])^0xff00)
-	if err := ends[0].tr.Read(1, make([]byte, 100), forged, 5); err != nil {
+	if err := ends[0].Tr.Read(1, make([]byte, 100), forged, 5); err != nil {
 		t.Fatal(err)
 	}
-	progress(t, ends, func() bool { _, ok := ends[0].h.reads[5]; return ok })
-	if err := ends[0].h.reads[5]; err == nil || !strings.Contains(err.Error(), "rank 1") {
+	progress(t, ends, func() bool { _, ok := ends[0].H.Reads[5]; return ok })
+	if err := ends[0].H.Reads[5]; err == nil || !strings.Contains(err.Error(), "rank 1") {
 		t.Fatalf("read with a forged key: %v", err)
 	}
-	if _, err := ends[0].tr.TrySend(1, []byte("x")); err == nil {
+	if _, err := ends[0].Tr.TrySend(1, []byte("x")); err == nil {
 		t.Fatal("send to a failed peer")
 	}
-	if err := ends[0].tr.Read(1, make([]byte, 10), rm, 6); err == nil {
+	if err := ends[0].Tr.Read(1, make([]byte, 10), rm, 6); err == nil {
 		t.Fatal("read from a failed peer")
 	}
-	if err := ends[1].tr.Unexpose(rm); err != nil {
+	if err := ends[1].Tr.Unexpose(rm); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -71,15 +71,15 @@ func (c *Config) check() error {
 		return errors.New("xrc: no Kick function")
 	case c.Rank < 0 || c.Rank >= len(c.Nodes):
 		return fmt.Errorf("xrc: rank %d of %d", c.Rank, len(c.Nodes))
-	case len(c.Nodes) > maxRanks:
-		return fmt.Errorf("xrc: %d ranks: at most %d", len(c.Nodes), maxRanks)
+	case len(c.Nodes) > verbsx.MaxRanks:
+		return fmt.Errorf("xrc: %d ranks: at most %d", len(c.Nodes), verbsx.MaxRanks)
 	case c.DomainFile == "":
 		return errors.New("xrc: no XRC domain file")
 	case c.Lazy && c.Bootstrap == nil:
 		return errors.New("xrc: lazy connect needs a bootstrap client")
 	}
 	for r, n := range c.Nodes {
-		if n < 0 || n >= maxRanks {
+		if n < 0 || n >= verbsx.MaxRanks {
 			return fmt.Errorf("xrc: rank %d on node %d", r, n)
 		}
 	}

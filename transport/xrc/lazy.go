@@ -36,7 +36,7 @@ import (
 //     need only the INI QP at RTS.
 //
 // Bootstrap calls block, so they run in goroutines; the verbs work and
-// the transport's state change only in Progress (apply).
+// the transport's state change only in Progress (Apply).
 type lazy struct {
 	t    *Transport
 	boot *bootstrap.Client
@@ -82,26 +82,29 @@ func (l *lazy) push(a action) {
 	l.t.cfg.Kick()
 }
 
+// Start is start for verbsx (TrySend, Read).
+func (l *lazy) Start(vp *verbsx.Peer) error { return l.start(l.t.peers[vp.Rank]) }
+
 // start makes the INI QP toward p's node if there is none and asks p.
 // Called by the goroutine driving the transport; the error is that of
 // p's node, failed.
 func (l *lazy) start(p *peer) error {
 	n, t := p.node, l.t
-	if n.state == connFailed {
-		return n.err
+	if n.ini.State() == verbsx.ConnFailed {
+		return n.ini.Err()
 	}
 	if p.asked {
 		return nil
 	}
-	if n.ini == nil {
+	if n.ini.QP == nil {
 		if err := t.createINI(n); err != nil {
-			t.fail(n, err)
+			t.e.Fail(&n.ini, err)
 			return err
 		}
 	}
 	p.asked = true
-	req := message{kind: msgRequest, rank: t.cfg.Rank, qpn: n.ini.Num(), psn: n.psn}
-	t.wg.Go(func() { l.put(p.rank, req) })
+	req := message{kind: msgRequest, rank: t.cfg.Rank, qpn: n.ini.QP.Num(), psn: n.ini.PSN}
+	t.e.Go(func() { l.put(p.Rank, req) })
 	return nil
 }
 
@@ -169,9 +172,9 @@ func (l *lazy) publish(rank int, num uint32) {
 	l.put(rank, message{kind: msgReply, rank: l.t.cfg.Rank, qpn: num})
 }
 
-// apply carries out the actions the goroutines handed over. Called by
+// Apply carries out the actions the goroutines handed over. Called by
 // Progress.
-func (l *lazy) apply() {
+func (l *lazy) Apply() {
 	if !l.connected.Load() {
 		return
 	}
@@ -188,11 +191,11 @@ func (l *lazy) apply() {
 			continue
 		}
 		n := p.node
-		if n.state == connFailed {
+		if n.ini.State() == verbsx.ConnFailed {
 			continue
 		}
 		if err := l.do(p, a); err != nil {
-			t.fail(n, err)
+			t.e.Fail(&n.ini, err)
 		}
 	}
 }
@@ -201,16 +204,16 @@ func (l *lazy) do(p *peer, a action) error {
 	t, n := l.t, p.node
 	switch a.kind {
 	case actRequest:
-		if p.known || t.tgts[p.rank] != nil {
+		if p.known || t.tgts[p.Rank] != nil {
 			t.m.Bad.Inc()
-			t.log.Warn("lazy connect: a second request", "from", p.rank)
+			t.log.Warn("lazy connect: a second request", "from", p.Rank)
 			return nil
 		}
-		t.wg.Go(func() { l.claim(a.m) })
+		t.e.Go(func() { l.claim(a.m) })
 		// Frames from p need credits returned: ask p in turn.
 		return l.start(p)
 	case actCreate:
-		g, err := t.createTGT(p.rank)
+		g, err := t.createTGT(p.Rank)
 		if err != nil {
 			return err
 		}
@@ -218,32 +221,30 @@ func (l *lazy) do(p *peer, a action) error {
 			return err
 		}
 		num := g.qp.Num()
-		t.wg.Go(func() { l.publish(p.rank, num) })
+		t.e.Go(func() { l.publish(p.Rank, num) })
 	case actOpen:
 		if err := t.openTGT(p, a.qpn); err != nil {
 			return err
 		}
 		reply := message{kind: msgReply, rank: t.cfg.Rank, qpn: a.qpn}
-		t.wg.Go(func() { l.put(p.rank, reply) })
+		t.e.Go(func() { l.put(p.Rank, reply) })
 	case actReply:
 		switch {
-		case !p.asked || p.acked:
+		case !p.asked || p.Acked:
 			t.m.Bad.Inc()
-			t.log.Warn("lazy connect: an unexpected reply", "from", p.rank)
+			t.log.Warn("lazy connect: an unexpected reply", "from", p.Rank)
 			return nil
-		case n.state == connConnecting:
+		case n.ini.State() == verbsx.ConnConnecting:
 			if err := t.connectINI(n, a.m.qpn, p.rec.gid, p.rec.mtu); err != nil {
 				return err
 			}
 		case n.tgt != a.m.qpn:
-			return nodeError(n, "rank %d names TGT QP %#x, the INI QP is connected to %#x", p.rank, a.m.qpn, n.tgt)
+			return n.ini.Errorf("rank %d names TGT QP %#x, the INI QP is connected to %#x", p.Rank, a.m.qpn, n.tgt)
 		}
-		p.acked = true
-		if len(n.pending) > 0 {
-			t.markDirty(n)
-		}
+		p.Acked = true
+		t.e.MarkDirty(&n.ini)
 	case actFail:
-		return nodeError(n, "lazy connect: %w", a.err)
+		return n.ini.Errorf("lazy connect: %w", a.err)
 	}
 	return nil
 }

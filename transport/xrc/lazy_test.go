@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/transport/internal/transporttest"
 )
 
 // TestLazy: with lazy connection no QP exists before the first frame. A
@@ -26,7 +27,7 @@ func TestLazy(t *testing.T) {
 		sent := 0
 		progress(t, ends, func() bool {
 			for sent < n {
-				ok, err := ends[from].tr.TrySend(to, pattern(from+to, 100+sent))
+				ok, err := ends[from].Tr.TrySend(to, pattern(from+to, 100+sent))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -35,9 +36,9 @@ func TestLazy(t *testing.T) {
 				}
 				sent++
 			}
-			return len(ends[to].h.frames[from]) == n
+			return len(ends[to].H.Frames[from]) == n
 		})
-		for i, f := range ends[to].h.frames[from] {
+		for i, f := range ends[to].H.Frames[from] {
 			if !bytes.Equal(f, pattern(from+to, 100+i)) {
 				t.Fatalf("frame %d from %d to %d differs", i, from, to)
 			}
@@ -50,14 +51,14 @@ func TestLazy(t *testing.T) {
 		// The answering rank's connection back comes up on its own time.
 		progress(t, ends, func() bool {
 			for r, e := range ends {
-				if st := e.tr.Stats(); st.Connected != w[r].ini || st.TGTCreated != w[r].created {
+				if st := e.Tr.Stats(); st.Connected != w[r].ini || st.TGTCreated != w[r].created {
 					return false
 				}
 			}
 			return true
 		})
 		for r, e := range ends {
-			st := e.tr.Stats()
+			st := e.Tr.Stats()
 			if st.INIQPs != w[r].ini || st.Connected != w[r].ini || st.TGTCreated != w[r].created || st.TGTOpened != w[r].opened {
 				t.Errorf("%s: rank %d: %+v, want %+v", stage, r, st, w[r])
 			}
@@ -68,22 +69,22 @@ func TestLazy(t *testing.T) {
 	// Rank 3 opened the TGT QP of rank 0's INI QP, and answered with an
 	// INI QP of its own, whose TGT QP rank 0 created.
 	check("0 to 3", []want{{1, 2, 0}, {1, 1, 0}, {0, 0, 0}, {1, 0, 1}})
-	if st := ends[0].tr.Stats(); st.HandshakeTime <= 0 {
+	if st := ends[0].Tr.Stats(); st.HandshakeTime <= 0 {
 		t.Errorf("no handshake time: %+v", st)
 	}
 	// Rank 2 reads from rank 1 with no frame sent: its INI QP toward
 	// node 1 comes up (rank 1 claims and creates its TGT QP).
 	src := pattern(9, 3<<20)
-	rm, err := ends[1].tr.Expose(src)
+	rm, err := ends[1].Tr.Expose(src)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dst := make([]byte, len(src))
-	if err := ends[2].tr.Read(1, dst, rm, 1); err != nil {
+	if err := ends[2].Tr.Read(1, dst, rm, 1); err != nil {
 		t.Fatal(err)
 	}
-	progress(t, ends, func() bool { _, ok := ends[2].h.reads[1]; return ok })
-	if err := ends[2].h.reads[1]; err != nil || !bytes.Equal(dst, src) {
+	progress(t, ends, func() bool { _, ok := ends[2].H.Reads[1]; return ok })
+	if err := ends[2].H.Reads[1]; err != nil || !bytes.Equal(dst, src) {
 		t.Fatalf("read: %v", err)
 	}
 	// Node 1 holds the INI QPs of ranks 1 and 3 and the TGT QPs of
@@ -95,7 +96,7 @@ func TestLazy(t *testing.T) {
 		}
 	}
 	for _, e := range ends {
-		e.h = newHandler()
+		e.H = transporttest.NewHandler()
 	}
 	allToAll(t, ends, 20) // everyone else connects on demand
 	for node, d := range j.devs {

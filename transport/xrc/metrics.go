@@ -9,7 +9,8 @@ import (
 )
 
 // metrics are the transport's Prometheus counters, xrc_xrc_*, labeled
-// with the rank: the verbs transports' common ones and the QP gauges.
+// with the rank: the verbs transports' common ones and the QP gauges
+// (the INI QPs' is the Endpoint's).
 type metrics struct {
 	*verbsx.Metrics
 	iniQPs, tgtCreated, tgtOpened prometheus.Gauge

@@ -5,16 +5,13 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/xrcrun/xrc/transport/internal/verbsx"
 	"github.com/xrcrun/xrc/verbs"
 )
 
-// A record is what a rank publishes for the others before Connect:
+// A record is what a rank publishes for the others before Connect: the
+// header of verbsx.NewRecord (version, MTU, number of ranks n, GID), then
 //
-//	0   version (u8) = 1
-//	1   path MTU of the port (u8, verbs.MTU)
-//	2   reserved (u16)
-//	4   number of ranks n (u32)
-//	8   the port's GID (16 bytes)
 //	24  the number of the rank's XRC SRQ (u32)
 //	28  number of INI entries i (u32)
 //	32  number of TGT entries g (u32)
@@ -25,11 +22,7 @@ import (
 //
 // With lazy connection a record has no entries: the QPs are made on
 // demand (lazy.go).
-const (
-	recordVersion = 1
-	recordHdr     = 36
-	maxRanks      = 1 << 20
-)
+const recordHdr = verbsx.RecordHeader + 12
 
 type iniEntry struct{ node, qpn, psn uint32 }
 
@@ -48,10 +41,7 @@ type record struct {
 var errRecord = errors.New("xrc: malformed record")
 
 func (r *record) encode(n int) []byte {
-	b := make([]byte, recordHdr, recordHdr+12*len(r.inis)+8*len(r.tgts))
-	b[0], b[1] = recordVersion, byte(r.mtu)
-	binary.LittleEndian.PutUint32(b[4:], uint32(n))
-	copy(b[8:], r.gid[:])
+	b := verbsx.NewRecord(r.mtu, r.gid, n, recordHdr, recordHdr+12*len(r.inis)+8*len(r.tgts))
 	binary.LittleEndian.PutUint32(b[24:], r.srqn)
 	binary.LittleEndian.PutUint32(b[28:], uint32(len(r.inis)))
 	binary.LittleEndian.PutUint32(b[32:], uint32(len(r.tgts)))
@@ -69,31 +59,22 @@ func (r *record) encode(n int) []byte {
 
 // parseRecord decodes b, the record of a rank of a job of n ranks.
 func parseRecord(b []byte, n int) (*record, error) {
-	if len(b) < recordHdr {
-		return nil, fmt.Errorf("%w: %d bytes", errRecord, len(b))
+	r := &record{}
+	var err error
+	if r.mtu, r.gid, err = verbsx.ParseRecordHeader(b, n, recordHdr, errRecord); err != nil {
+		return nil, err
 	}
-	if b[0] != recordVersion {
-		return nil, fmt.Errorf("%w: version %d", errRecord, b[0])
-	}
-	r := &record{mtu: verbs.MTU(b[1]), srqn: binary.LittleEndian.Uint32(b[24:])}
-	if r.mtu.Bytes() == 0 {
-		return nil, fmt.Errorf("%w: MTU %d", errRecord, b[1])
-	}
-	if got := binary.LittleEndian.Uint32(b[4:]); got != uint32(n) || n > maxRanks {
-		return nil, fmt.Errorf("%w: %d ranks, the job has %d", errRecord, got, n)
-	}
-	if !validNum(r.srqn) {
+	if r.srqn = binary.LittleEndian.Uint32(b[24:]); !validNum(r.srqn) {
 		return nil, fmt.Errorf("%w: SRQ number %#x", errRecord, r.srqn)
 	}
 	ni, ng := uint64(binary.LittleEndian.Uint32(b[28:])), uint64(binary.LittleEndian.Uint32(b[32:]))
 	if ni > uint64(n) || ng > uint64(n) || uint64(len(b)) != recordHdr+12*ni+8*ng {
 		return nil, fmt.Errorf("%w: %d bytes for %d INI and %d TGT entries", errRecord, len(b), ni, ng)
 	}
-	copy(r.gid[:], b[8:24])
 	p := b[recordHdr:]
 	for range ni {
 		e := iniEntry{binary.LittleEndian.Uint32(p), binary.LittleEndian.Uint32(p[4:]), binary.LittleEndian.Uint32(p[8:])}
-		if e.node >= maxRanks || !validNum(e.qpn) || e.psn >= 1<<24 {
+		if e.node >= verbsx.MaxRanks || !validNum(e.qpn) || e.psn >= 1<<24 {
 			return nil, fmt.Errorf("%w: INI QP %#x, PSN %#x toward node %d", errRecord, e.qpn, e.psn, e.node)
 		}
 		r.inis, p = append(r.inis, e), p[12:]

@@ -30,15 +30,9 @@ type Stats struct {
 // Stats reports the transport's objects and memory. Call it from the
 // goroutine that drives the transport.
 func (t *Transport) Stats() Stats {
-	s := Stats{SRQs: 1, CachedRegions: t.core.Cache.Entries(), SetupTime: t.setupTime, HandshakeTime: t.handshake}
-	for _, n := range t.nodes {
-		if n.ini != nil {
-			s.INIQPs++
-			if n.state == connReady {
-				s.Connected++
-			}
-		}
-	}
+	u := t.e.Usage()
+	s := Stats{INIQPs: u.Conns, Connected: u.Ready, SRQs: 1, RegisteredBytes: u.RegisteredBytes,
+		CachedRegions: u.CachedRegions, QueueBytes: u.QueueBytes, SetupTime: u.SetupTime, HandshakeTime: u.HandshakeTime}
 	for _, g := range t.tgts {
 		if g.created {
 			s.TGTCreated++
@@ -46,7 +40,5 @@ func (t *Transport) Stats() Stats {
 			s.TGTOpened++
 		}
 	}
-	s.RegisteredBytes = t.core.RegisteredBytes()
-	s.QueueBytes = t.core.QueueBytes(s.INIQPs, t.cfg.SendDepth)
 	return s
 }

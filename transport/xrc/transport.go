@@ -54,7 +54,6 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/xrcrun/xrc/transport"
@@ -64,38 +63,24 @@ import (
 
 // Transport is the XRC transport of one rank.
 type Transport struct {
-	cfg    Config
-	log    *slog.Logger
-	m      *metrics
-	n      int // ranks in the job
-	inline int // the largest frame sent inline
+	cfg Config
+	log *slog.Logger
+	m   *metrics
+	n   int // ranks in the job
 
-	// core holds the PD, the CQ, the XRC SRQ and its buffers, the send
-	// buffers, the registration cache and the reads; xrcd is the node's
-	// domain as this rank opened it.
-	core *verbsx.Core
+	// e holds the PD, the CQ, the XRC SRQ and its buffers, the send
+	// buffers, the registration cache and the reads, and carries the
+	// frames, credit messages and reads through the INI QPs; xrcd is the
+	// node's domain as this rank opened it.
+	e    *verbsx.Endpoint
 	xrcd *verbs.XRCD
 
 	ranksOf map[int][]int // the ranks of each node, in order
 	nodes   []*node       // remote nodes, by id
-	byNode  map[int]*node
-	peers   []*peer // by rank; nil for this node's ranks
-	remotes int
-	byINI   map[uint32]*node
-	tgts    map[int]*tgt     // by remote rank: the TGT QP of its INI QP, as this rank holds it
-	byTgt   map[uint32]*peer // by TGT QPN: whose frames arrive through it
-	credits uint32           // frames a sender may have unconsumed at one receiver
-	refund  uint32           // freed frames that make a credit message worth sending
+	peers   []*peer       // by rank; nil for this node's ranks
+	tgts    map[int]*tgt  // by remote rank: the TGT QP of its INI QP, as this rank holds it
 
-	dirty      []*node // nodes with reads to post
-	dirtyPeers []*peer // peers with credits to return
-
-	setupTime, handshake time.Duration
-
-	lz     *lazy // nil unless Config.Lazy
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	closed bool
+	lz *lazy // nil unless Config.Lazy
 }
 
 // tgt is a TGT QP as this rank holds it: created, or opened.
@@ -106,16 +91,6 @@ type tgt struct {
 
 var _ transport.Transport = (*Transport)(nil)
 
-// Work request ids: the kind in the top byte, an index below.
-const (
-	wrRecv   uint64 = 1 << 56 // index: the receive buffer
-	wrSend   uint64 = 2 << 56 // index: the send slot, or noSlot (inline)
-	wrCredit uint64 = 3 << 56 // a credit message
-	wrRead   uint64 = 4 << 56 // index: the read operation
-	wrKind   uint64 = 0xff << 56
-	noSlot          = verbsx.NoSlot
-)
-
 // New opens the node's XRC domain and creates the rank's PD, CQ, XRC SRQ
 // and buffers and, unless cfg.Lazy, an INI QP toward every other node and
 // the TGT QPs this rank creates for its node, so that Record can publish
@@ -125,45 +100,45 @@ func New(cfg Config) (*Transport, error) {
 		return nil, err
 	}
 	t := &Transport{cfg: cfg, log: cfg.Logger.With("transport", "xrc", "rank", cfg.Rank), n: len(cfg.Nodes),
-		ranksOf: map[int][]int{}, byNode: map[int]*node{}, peers: make([]*peer, len(cfg.Nodes)),
-		byINI: map[uint32]*node{}, tgts: map[int]*tgt{}, byTgt: map[uint32]*peer{}}
+		ranksOf: map[int][]int{}, peers: make([]*peer, len(cfg.Nodes)), tgts: map[int]*tgt{}}
 	me := cfg.Nodes[cfg.Rank]
+	byNode := map[int]*node{}
+	vps := make([]*verbsx.Peer, len(cfg.Nodes))
 	for r, id := range cfg.Nodes {
 		t.ranksOf[id] = append(t.ranksOf[id], r)
 		if id == me {
 			continue
 		}
-		n := t.byNode[id]
+		n := byNode[id]
 		if n == nil {
-			n = &node{id: id}
-			t.byNode[id] = n
+			n = &node{id: id, ini: verbsx.NodeConn(id)}
+			byNode[id] = n
 			t.nodes = append(t.nodes, n)
 		}
-		p := &peer{rank: r, node: n}
+		p := newPeer(r, n)
 		n.peers = append(n.peers, p)
-		t.peers[r] = p
-		t.remotes++
+		t.peers[r], vps[r] = p, &p.Peer
 	}
 	slices.SortFunc(t.nodes, func(a, b *node) int { return a.id - b.id })
 	var err error
 	if t.m, err = newMetrics(cfg.Registerer, cfg.Rank); err != nil {
 		return nil, err
 	}
-	if err := t.setup(); err != nil {
+	if err := t.setup(vps); err != nil {
 		return nil, errors.Join(err, t.teardown())
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.cancel = cancel
-	t.wg.Go(func() { verbsx.WatchCQ(ctx, t.core.CQ, t.core.Ch, cfg.Kick, t.log, t.m.Metrics) })
-	t.wg.Go(func() { verbsx.WatchEvents(ctx, cfg.Device, t.core.Recv, cfg.Kick, t.log, t.m.Metrics) })
+	ctx := t.e.Run()
 	if cfg.Lazy {
 		t.lz = newLazy(t, ctx)
-		t.wg.Go(func() { t.lz.readMailbox(ctx) })
+		t.e.Lazy = t.lz
+		t.e.Go(func() { t.lz.readMailbox(ctx) })
 	}
 	return t, nil
 }
 
-func (t *Transport) setup() error {
+// setup opens the domain, makes the Endpoint of the peers vps and, unless
+// connecting lazily, the INI QPs and the TGT QPs this rank creates.
+func (t *Transport) setup(vps []*verbsx.Peer) error {
 	cfg := t.cfg
 	start := time.Now()
 	if err := cfg.Device.Supports(verbs.FeatureXRC); err != nil {
@@ -180,18 +155,19 @@ func (t *Transport) setup() error {
 	if err != nil {
 		return fmt.Errorf("xrc: domain of %s: %w", cfg.DomainFile, err)
 	}
-	t.credits, t.refund = verbsx.Shares(cfg.SRQDepth, t.remotes)
-	t.core, err = verbsx.NewCore(verbsx.CoreConfig{Device: cfg.Device, Port: cfg.Port,
-		Sizes: verbsx.Sizes{EagerSize: cfg.EagerSize, SRQDepth: cfg.SRQDepth, SendSlots: cfg.SendSlots, SendDepth: cfg.SendDepth},
-		CQE:   cfg.SRQDepth + len(t.nodes)*cfg.SendDepth + 16, RecvWRID: wrRecv,
-		NewSRQ: func(pd *verbs.PD, cq *verbs.CQ) (*verbs.SRQ, error) {
-			return pd.CreateXRCSRQ(t.xrcd, cq, verbs.SRQAttr{MaxWR: uint32(cfg.SRQDepth), MaxSGE: 1})
-		}})
+	t.e, err = verbsx.NewEndpoint(verbsx.EndpointConfig{
+		CoreConfig: verbsx.CoreConfig{Device: cfg.Device, Port: cfg.Port,
+			Sizes: verbsx.Sizes{EagerSize: cfg.EagerSize, SRQDepth: cfg.SRQDepth, SendSlots: cfg.SendSlots, SendDepth: cfg.SendDepth},
+			CQE:   cfg.SRQDepth + len(t.nodes)*cfg.SendDepth + 16,
+			NewSRQ: func(pd *verbs.PD, cq *verbs.CQ) (*verbs.SRQ, error) {
+				return pd.CreateXRCSRQ(t.xrcd, cq, verbs.SRQAttr{MaxWR: uint32(cfg.SRQDepth), MaxSGE: 1})
+			}},
+		Name: "xrc", Magic: remoteMagic, Rank: cfg.Rank, Peers: vps, Kick: cfg.Kick,
+		Log: t.log, Metrics: t.m.Metrics, QPs: t.m.iniQPs, RecvQPKey: "tgt_qpn"})
 	if err != nil {
-		return fmt.Errorf("xrc: %w", err)
+		return err
 	}
-	t.m.SRQPosted.Set(float64(cfg.SRQDepth))
-	t.setupTime += time.Since(start)
+	t.e.Timed(start)
 	if cfg.Lazy {
 		return nil
 	}
@@ -226,10 +202,11 @@ func (t *Transport) Name() string { return "xrc" }
 // Record describes this rank's port, its XRC SRQ, its INI QPs and the TGT
 // QPs it created.
 func (t *Transport) Record() []byte {
-	r := record{mtu: t.core.Port.ActiveMTU, gid: t.core.Port.GID, srqn: t.core.Recv.SRQ.Num()}
+	c := t.e.Core
+	r := record{mtu: c.Port.ActiveMTU, gid: c.Port.GID, srqn: c.Recv.SRQ.Num()}
 	for _, n := range t.nodes {
-		if n.ini != nil {
-			r.inis = append(r.inis, iniEntry{node: uint32(n.id), qpn: n.ini.Num(), psn: n.psn})
+		if n.ini.QP != nil {
+			r.inis = append(r.inis, iniEntry{node: uint32(n.id), qpn: n.ini.QP.Num(), psn: n.ini.PSN})
 		}
 	}
 	for rank := range t.n {
@@ -263,7 +240,7 @@ func (t *Transport) Connect(ctx context.Context, peers []transport.Peer) error {
 		}
 		recs[i] = rec
 		if p := t.peers[i]; p != nil {
-			p.rec, p.srqn = rec, rec.srqn
+			p.rec, p.SRQN, p.Recorded = rec, rec.srqn, true
 		}
 	}
 	if t.lz == nil {
@@ -314,7 +291,7 @@ func (t *Transport) connectAll(ctx context.Context, recs []*record) error {
 				return err
 			}
 		}
-		p.asked, p.acked = true, true
+		p.asked, p.Acked = true, true
 	}
 	for _, n := range t.nodes {
 		c := t.creator(n.id, rank)
@@ -331,55 +308,25 @@ func (t *Transport) connectAll(ctx context.Context, recs []*record) error {
 }
 
 // Reaches reports whether rank is on another node.
-func (t *Transport) Reaches(rank int) bool {
-	return rank >= 0 && rank < len(t.peers) && t.peers[rank] != nil
-}
+func (t *Transport) Reaches(rank int) bool { return t.e.Reaches(rank) }
 
 // MaxEager is the size of a receive buffer.
-func (t *Transport) MaxEager() int { return t.cfg.EagerSize }
-
-func (t *Transport) peer(rank int) (*peer, error) {
-	if !t.Reaches(rank) {
-		return nil, fmt.Errorf("%w: rank %d", transport.ErrUnreachable, rank)
-	}
-	p := t.peers[rank]
-	if p.rec == nil {
-		return nil, fmt.Errorf("xrc: rank %d: not connected yet", rank)
-	}
-	return p, nil
-}
+func (t *Transport) MaxEager() int { return t.e.MaxEager() }
 
 // Close destroys the INI QPs, closes this rank's handles of TGT QPs (a
 // TGT QP lives on while another rank of the node holds it) and frees
 // everything else the transport made, and stops its goroutines. Work in
 // flight is discarded: callers close after their peers no longer need it
 // (comm: after Finalize's barrier).
-func (t *Transport) Close() error {
-	if t.closed {
-		return nil
-	}
-	t.closed = true
-	t.cancel()
-	t.wg.Wait()
-	return t.teardown()
-}
+func (t *Transport) Close() error { return t.e.Close(t.teardown) }
 
 func (t *Transport) teardown() error {
 	var errs []error
-	for _, n := range t.nodes {
-		if n.ini != nil {
-			errs = append(errs, n.ini.Close())
-			n.ini = nil
-			t.m.iniQPs.Dec()
-		}
-	}
 	for r, g := range t.tgts {
 		errs = append(errs, g.qp.Close())
 		delete(t.tgts, r)
 	}
-	if t.core != nil {
-		errs = append(errs, t.core.Close())
-	}
+	errs = append(errs, t.e.Free())
 	if t.xrcd != nil {
 		errs = append(errs, t.xrcd.Close())
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/transport"
+	"github.com/xrcrun/xrc/transport/internal/transporttest"
 	"github.com/xrcrun/xrc/verbs"
 )
 
@@ -30,7 +31,7 @@ func TestEagerObjects(t *testing.T) {
 		}
 	}
 	for r, e := range j.ends {
-		st := e.tr.Stats()
+		st := e.Tr.Stats()
 		if st.INIQPs != 1 || st.Connected != 1 || st.TGTCreated != 1 || st.TGTOpened != 1 || st.SRQs != 1 ||
 			st.QueueBytes <= 0 || st.RegisteredBytes <= 0 || st.SetupTime <= 0 {
 			t.Errorf("rank %d: %+v", r, st)
@@ -47,29 +48,12 @@ func allToAll(t *testing.T, ends []*end, n int) {
 	t.Helper()
 	type pair struct{ from, to int }
 	sent := map[pair]int{}
-	max := ends[0].tr.MaxEager()
-	size := func(i int) int {
-		switch i % 5 {
-		case 0:
-			return 8 // inline
-		case 1:
-			return 0
-		case 2:
-			return max
-		}
-		return 8 + i*37%(max-8)
-	}
-	frame := func(p pair, i int) [][]byte {
-		b := pattern(p.from*100000+p.to*1000+i, size(i))
-		if len(b) >= 8 {
-			binary.LittleEndian.PutUint64(b, uint64(i))
-		}
-		return [][]byte{b[:len(b)/2], b[len(b)/2:]}
-	}
+	largest := ends[0].Tr.MaxEager()
+	frame := func(p pair, i int) [][]byte { return transporttest.Frame(p.from*100000+p.to*1000, i, largest) }
 	var pairs []pair
 	for from, e := range ends {
 		for to := range ends {
-			if e.tr.Reaches(to) {
+			if e.Tr.Reaches(to) {
 				pairs = append(pairs, pair{from, to})
 			}
 		}
@@ -78,7 +62,7 @@ func allToAll(t *testing.T, ends []*end, n int) {
 		done := true
 		for _, p := range pairs {
 			for sent[p] < n {
-				ok, err := ends[p.from].tr.TrySend(p.to, frame(p, sent[p])...)
+				ok, err := ends[p.from].Tr.TrySend(p.to, frame(p, sent[p])...)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -87,15 +71,15 @@ func allToAll(t *testing.T, ends []*end, n int) {
 				}
 				sent[p]++
 			}
-			done = done && len(ends[p.to].h.frames[p.from]) == n
+			done = done && len(ends[p.to].H.Frames[p.from]) == n
 		}
 		return done
 	})
 	for _, p := range pairs {
-		for i, f := range ends[p.to].h.frames[p.from] {
+		for i, f := range ends[p.to].H.Frames[p.from] {
 			want := frame(p, i)
 			if !bytes.Equal(f, append(want[0], want[1]...)) {
-				t.Fatalf("frame %d from %d to %d: %d bytes, differs (want %d)", i, p.from, p.to, len(f), size(i))
+				t.Fatalf("frame %d from %d to %d: %d bytes, differs (want %d)", i, p.from, p.to, len(f), transporttest.FrameSize(i, largest))
 			}
 		}
 	}
@@ -121,7 +105,7 @@ func TestReads(t *testing.T) {
 	for r, e := range ends {
 		srcs[r] = pattern(r+1, 3<<20+17)
 		var err error
-		if rms[r], err = e.tr.Expose(srcs[r]); err != nil {
+		if rms[r], err = e.Tr.Expose(srcs[r]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -133,14 +117,14 @@ func TestReads(t *testing.T) {
 	var cookie uint64
 	for r, e := range ends {
 		for from := range ends {
-			if !e.tr.Reaches(from) {
+			if !e.Tr.Reaches(from) {
 				continue
 			}
 			for _, n := range []int{1, 4097, 1 << 20, 3<<20 + 17} {
 				cookie++
 				dst := make([]byte, n)
 				reads[cookie] = rd{r, from, dst}
-				if err := e.tr.Read(from, dst, rms[from], cookie); err != nil {
+				if err := e.Tr.Read(from, dst, rms[from], cookie); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -149,12 +133,12 @@ func TestReads(t *testing.T) {
 	progress(t, ends, func() bool {
 		k := 0
 		for _, e := range ends {
-			k += len(e.h.reads)
+			k += len(e.H.Reads)
 		}
 		return k == len(reads)
 	})
 	for c, x := range reads {
-		if err, ok := ends[x.reader].h.reads[c]; !ok || err != nil {
+		if err, ok := ends[x.reader].H.Reads[c]; !ok || err != nil {
 			t.Fatalf("read %d by %d from %d: %v, %v", c, x.reader, x.from, ok, err)
 		}
 		if !bytes.Equal(x.dst, srcs[x.from][:len(x.dst)]) {
@@ -162,7 +146,7 @@ func TestReads(t *testing.T) {
 		}
 	}
 	for r, e := range ends {
-		if err := e.tr.Unexpose(rms[r]); err != nil {
+		if err := e.Tr.Unexpose(rms[r]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -172,9 +156,9 @@ func TestReads(t *testing.T) {
 // ranks of this node, and unexposing twice are refused with clear errors.
 func TestBadInput(t *testing.T) {
 	j := job(t, twoByTwo, false, softhca.Faults{}, nil)
-	tr := j.ends[0].tr
+	tr := j.ends[0].Tr
 	buf := make([]byte, 100)
-	good, err := j.ends[1].tr.Expose(buf)
+	good, err := j.ends[1].Tr.Expose(buf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,10 +184,10 @@ func TestBadInput(t *testing.T) {
 	if _, err := tr.TrySend(2, []byte("x")); !errors.Is(err, transport.ErrUnreachable) {
 		t.Errorf("send to a rank of this node: %v", err)
 	}
-	if err := j.ends[1].tr.Unexpose(good); err != nil {
+	if err := j.ends[1].Tr.Unexpose(good); err != nil {
 		t.Fatal(err)
 	}
-	if err := j.ends[1].tr.Unexpose(good); !errors.Is(err, transport.ErrBadRemote) {
+	if err := j.ends[1].Tr.Unexpose(good); !errors.Is(err, transport.ErrBadRemote) {
 		t.Errorf("unexpose twice: %v", err)
 	}
 }
@@ -277,7 +261,7 @@ func TestLossy(t *testing.T) {
 	}
 	allToAll(t, j.ends, 300)
 	for _, e := range j.ends {
-		for from, fs := range e.h.frames {
+		for from, fs := range e.H.Frames {
 			for i, f := range fs {
 				if len(f) >= 8 && binary.LittleEndian.Uint64(f) != uint64(i) {
 					t.Fatalf("frame %d from %d: sequence %d", i, from, binary.LittleEndian.Uint64(f))
@@ -287,19 +271,19 @@ func TestLossy(t *testing.T) {
 	}
 	src := pattern(77, 2<<20+5)
 	want := sum(src)
-	rm, err := j.ends[1].tr.Expose(src)
+	rm, err := j.ends[1].Tr.Expose(src)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dsts := [][]byte{make([]byte, len(src)), make([]byte, len(src))}
 	for i, r := range []int{0, 2} {
-		if err := j.ends[r].tr.Read(1, dsts[i], rm, uint64(10+i)); err != nil {
+		if err := j.ends[r].Tr.Read(1, dsts[i], rm, uint64(10+i)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	progress(t, j.ends, func() bool { return len(j.ends[0].h.reads) == 1 && len(j.ends[2].h.reads) == 1 })
+	progress(t, j.ends, func() bool { return len(j.ends[0].H.Reads) == 1 && len(j.ends[2].H.Reads) == 1 })
 	for i, r := range []int{0, 2} {
-		if err := j.ends[r].h.reads[uint64(10+i)]; err != nil || !bytes.Equal(sum(dsts[i]), want) {
+		if err := j.ends[r].H.Reads[uint64(10+i)]; err != nil || !bytes.Equal(sum(dsts[i]), want) {
 			t.Fatalf("rank %d's read: %v, checksum differs: %v", r, err, !bytes.Equal(sum(dsts[i]), want))
 		}
 	}
@@ -321,17 +305,17 @@ func TestLossy(t *testing.T) {
 func TestReadNamesSRQ(t *testing.T) {
 	j := job(t, twoByTwo, false, softhca.Faults{}, nil)
 	src := pattern(3, 5000)
-	rm, err := j.ends[1].tr.Expose(src)
+	rm, err := j.ends[1].Tr.Expose(src)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := j.ends[0].tr
-	tr.peers[1].srqn = tr.peers[3].srqn
+	tr := j.ends[0].Tr
+	tr.peers[1].SRQN = tr.peers[3].SRQN
 	if err := tr.Read(1, make([]byte, len(src)), rm, 1); err != nil {
 		t.Fatal(err)
 	}
-	progress(t, j.ends[:1], func() bool { _, ok := j.ends[0].h.reads[1]; return ok })
-	if err := j.ends[0].h.reads[1]; err == nil {
+	progress(t, j.ends[:1], func() bool { _, ok := j.ends[0].H.Reads[1]; return ok })
+	if err := j.ends[0].H.Reads[1]; err == nil {
 		t.Fatal("a read naming another rank's SRQ succeeded")
 	}
 	if _, err := tr.TrySend(3, []byte("x")); err == nil {

@@ -66,8 +66,6 @@ type CoreConfig struct {
 	CQE int
 	// NewSRQ makes the SRQ, of pd, completing into cq (for an XRC SRQ).
 	NewSRQ func(pd *verbs.PD, cq *verbs.CQ) (*verbs.SRQ, error)
-	// RecvWRID is ORed into the receive buffer's index in receive WR ids.
-	RecvWRID uint64
 }
 
 // Core is what every verbs transport of a rank holds besides its QPs: the
@@ -76,6 +74,7 @@ type CoreConfig struct {
 // Reads. It owns them until Close.
 type Core struct {
 	Port verbs.PortAttr
+	port uint8 // the port's number
 	// MaxRd is the RDMA READs a QP keeps outstanding.
 	MaxRd int
 
@@ -90,10 +89,11 @@ type Core struct {
 	wc []verbs.WorkCompletion
 }
 
-// NewCore queries the device and port and makes the shared objects. On
-// error the returned Core is to be closed.
+// NewCore queries the device and port and makes the shared objects; the
+// receive buffers are posted with the WR ids WRRecv|index. On error the
+// returned Core is to be closed.
 func NewCore(cfg CoreConfig) (*Core, error) {
-	c := &Core{wc: make([]verbs.WorkCompletion, 32)}
+	c := &Core{port: cfg.Port, wc: make([]verbs.WorkCompletion, 32)}
 	dev := cfg.Device
 	attr, err := dev.QueryDevice()
 	if err != nil {
@@ -125,7 +125,7 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 	if err != nil {
 		return c, err
 	}
-	if c.Recv, err = NewRecvPool(c.PD, srq, cfg.SRQDepth, cfg.EagerSize, cfg.RecvWRID); err != nil {
+	if c.Recv, err = NewRecvPool(c.PD, srq, cfg.SRQDepth, cfg.EagerSize, WRRecv); err != nil {
 		return c, err
 	}
 	if c.Send, err = NewSendPool(c.PD, cfg.SendSlots, cfg.EagerSize); err != nil {

@@ -35,13 +35,15 @@ type Chunk struct {
 	raddr uint64
 	rkey  uint32
 	n     uint32
+	srqn  uint32 // the SRQ the READ names (XRC); 0 for RC
 }
 
 // WR is the chunk's RDMA READ, signaled, with WR id wrid. The WR's
 // memory (dst) belongs to the device until its completion is polled.
 func (c Chunk) WR(wrid uint64) verbs.SendWR {
 	return verbs.SendWR{WRID: wrid, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
-		SG: []verbs.SGE{{Addr: c.local, Length: c.n, LKey: c.lkey}}, RemoteAddr: c.raddr, RKey: c.rkey}
+		SG: []verbs.SGE{{Addr: c.local, Length: c.n, LKey: c.lkey}}, RemoteAddr: c.raddr, RKey: c.rkey,
+		RemoteSRQNum: c.srqn}
 }
 
 // Reads tracks the Reads of a transport: it registers their destinations
@@ -85,9 +87,11 @@ type readDone struct {
 func NewReads(cache *RegCache) *Reads { return &Reads{cache: cache, ops: map[uint64]*ReadOp{}} }
 
 // Start starts a Read of len(dst) bytes from the remote memory at raddr
-// (rkey) into dst, and appends its chunks to queue. dst must stay alive
-// until the Read finishes; an empty dst finishes at once.
-func (r *Reads) Start(dst []byte, raddr uint64, rkey uint32, cookie uint64, queue []Chunk) ([]Chunk, error) {
+// (rkey) into dst, and appends its chunks to queue; their READs name the
+// XRC SRQ srqn (0 for RC), whose PD the remote device checks rkey
+// against. dst must stay alive until the Read finishes; an empty dst
+// finishes at once.
+func (r *Reads) Start(dst []byte, raddr uint64, rkey, srqn uint32, cookie uint64, queue []Chunk) ([]Chunk, error) {
 	if len(dst) == 0 {
 		r.done = append(r.done, readDone{cookie: cookie})
 		return queue, nil
@@ -103,7 +107,7 @@ func (r *Reads) Start(dst []byte, raddr uint64, rkey uint32, cookie uint64, queu
 	for off := 0; off < len(dst); off += ChunkSize {
 		n := min(ChunkSize, len(dst)-off)
 		queue = append(queue, Chunk{Op: op, local: base + uint64(off), lkey: e.MR.LKey(),
-			raddr: raddr + uint64(off), rkey: rkey, n: uint32(n)})
+			raddr: raddr + uint64(off), rkey: rkey, n: uint32(n), srqn: srqn})
 		op.left++
 	}
 	return queue, nil

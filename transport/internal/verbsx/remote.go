@@ -49,35 +49,37 @@ func ParseRemote(b []byte, magic byte) (Remote, bool) {
 	return r, true
 }
 
-// Expose registers buf for remote reads through c and describes it as a
-// Remote of rank marked with magic. The caller keeps buf alive and
-// unmoved until Unexpose.
-func Expose(c *RegCache, rank int, magic byte, buf []byte) (transport.Remote, error) {
-	r := Remote{Rank: rank}
+// Expose registers buf for remote reads (through the registration
+// cache) and describes it: this rank, its address, rkey and length, marked
+// with the transport's magic. The caller keeps buf alive and unmoved until
+// Unexpose.
+func (e *Endpoint) Expose(buf []byte) (transport.Remote, error) {
+	r := Remote{Rank: e.rank}
 	if len(buf) > 0 {
-		e, err := c.Get(buf)
+		ent, err := e.Core.Cache.Get(buf)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", e.name, err)
 		}
-		r.Addr, r.RKey, r.Len = uint64(unix.AddrOf(buf)), e.MR.RKey(), uint64(len(buf))
+		r.Addr, r.RKey, r.Len = uint64(unix.AddrOf(buf)), ent.MR.RKey(), uint64(len(buf))
 	}
-	return r.Encode(magic), nil
+	e.m.Exposed.Inc()
+	return r.Encode(e.magic), nil
 }
 
-// Unexpose ends an Expose of rank: the registration may be dropped (or
-// kept in the cache). A Remote that rank did not make with magic, or that
-// is not exposed, is ErrBadRemote.
-func Unexpose(c *RegCache, rank int, magic byte, rm transport.Remote) error {
-	r, ok := ParseRemote(rm, magic)
-	if !ok || r.Rank != rank {
+// Unexpose ends an Expose: the registration may be dropped (or kept in
+// the cache). A Remote that this rank did not make, or that is not
+// exposed, is ErrBadRemote.
+func (e *Endpoint) Unexpose(rm transport.Remote) error {
+	r, ok := ParseRemote(rm, e.magic)
+	if !ok || r.Rank != e.rank {
 		return fmt.Errorf("%w: unexpose a remote this rank did not make", transport.ErrBadRemote)
 	}
 	if r.Len == 0 {
 		return nil
 	}
-	e := c.Find(uintptr(r.Addr), int(r.Len), r.RKey)
-	if e == nil {
+	ent := e.Core.Cache.Find(uintptr(r.Addr), int(r.Len), r.RKey)
+	if ent == nil {
 		return fmt.Errorf("%w: unexpose %d bytes at %#x: not exposed", transport.ErrBadRemote, r.Len, r.Addr)
 	}
-	return c.Put(e)
+	return e.Core.Cache.Put(ent)
 }

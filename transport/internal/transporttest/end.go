@@ -1,0 +1,111 @@
+package transporttest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/xrcrun/xrc/transport"
+)
+
+// Kicker lets a test wait for a transport's kick.
+type Kicker struct{ C chan struct{} }
+
+// NewKicker makes a Kicker; Kick is the transport's Config.Kick.
+func NewKicker() *Kicker { return &Kicker{C: make(chan struct{}, 1)} }
+
+// Kick wakes a test waiting on C, if none is pending.
+func (k *Kicker) Kick() {
+	select {
+	case k.C <- struct{}{}:
+	default:
+	}
+}
+
+// Handler records what Progress delivers: copies of the frames by sender,
+// in order, and the reads' errors by cookie.
+type Handler struct {
+	Frames map[int][][]byte
+	Reads  map[uint64]error
+}
+
+// NewHandler makes an empty Handler.
+func NewHandler() *Handler { return &Handler{Frames: map[int][][]byte{}, Reads: map[uint64]error{}} }
+
+// Deliver records a copy of f.
+func (h *Handler) Deliver(rank int, f []byte) {
+	h.Frames[rank] = append(h.Frames[rank], append([]byte(nil), f...))
+}
+
+// ReadDone records err.
+func (h *Handler) ReadDone(cookie uint64, err error) { h.Reads[cookie] = err }
+
+// Progresser is what an End drives: a transport, or verbsx's Endpoint.
+type Progresser interface {
+	Progress(h transport.Handler) (int, error)
+}
+
+// End is one rank of a test job: its transport (or Endpoint), handler
+// and kicker.
+type End[T Progresser] struct {
+	Tr T
+	H  *Handler
+	K  *Kicker
+}
+
+// NewEnd makes the end of tr, made with the kicker k, and closes tr when
+// the test ends.
+func NewEnd[T transport.Transport](t testing.TB, tr T, k *Kicker) *End[T] {
+	t.Cleanup(func() {
+		if err := tr.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return &End[T]{Tr: tr, H: NewHandler(), K: k}
+}
+
+// Connect connects every end through an exchange of their records: the
+// rank of ends[r] is r, on node nodes[r].
+func Connect[T transport.Transport](t testing.TB, ends []*End[T], nodes []int) {
+	t.Helper()
+	peers := make([]transport.Peer, len(ends))
+	for r, e := range ends {
+		peers[r] = transport.Peer{Rank: r, Node: nodes[r], Record: e.Tr.Record()}
+	}
+	for _, e := range ends {
+		if err := e.Tr.Connect(context.Background(), peers); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Progress runs Progress on every end until cond holds, sleeping on the
+// ends' kicks when nothing moves. The deadline only guards against a
+// hang.
+func Progress[T Progresser](t testing.TB, ends []*End[T], cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for idle := 0; !cond(); {
+		n := 0
+		for _, e := range ends {
+			k, err := e.Tr.Progress(e.H)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += k
+		}
+		if n == 0 {
+			idle++
+			if idle%64 == 0 {
+				// Sleep until some end's completion kicks.
+				select {
+				case <-ends[idle/64%len(ends)].K.C:
+				case <-time.After(time.Millisecond):
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no progress for 3 minutes")
+		}
+	}
+}

@@ -1,0 +1,222 @@
+package verbsx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/xrcrun/xrc/transport"
+	"github.com/xrcrun/xrc/verbs"
+)
+
+// EndpointConfig says what NewEndpoint makes.
+type EndpointConfig struct {
+	CoreConfig
+	// Name is the transport's ("rc", "xrc"), which begins its errors;
+	// Magic marks its Remotes.
+	Name  string
+	Magic byte
+	// Rank is this rank; Peers the remote ranks, by rank (nil for the
+	// ranks of this node).
+	Rank  int
+	Peers []*Peer
+	// Kick wakes the rank (Config.Kick of the transports).
+	Kick    func()
+	Log     *slog.Logger
+	Metrics *Metrics
+	// QPs is the transport's gauge of the Conns' QPs.
+	QPs prometheus.Gauge
+	// RecvQPKey names, in logs, the QP number a receive completion gives
+	// ("qpn" for RC, "tgt_qpn" for XRC).
+	RecvQPKey string
+}
+
+// Connector connects the QPs of a transport lazily.
+type Connector interface {
+	// Start starts connecting p's Conn; TrySend and Read call it while p
+	// is not ready. The error is that of p's Conn, failed.
+	Start(p *Peer) error
+	// Apply carries out what the connector's goroutines learned.
+	// Progress calls it first.
+	Apply()
+}
+
+// Endpoint is the part of a verbs transport that does not depend on how
+// its QPs connect: the Core, the Conns and Peers, the credit shares, the
+// frames, credit messages and reads through them, Progress, and the
+// goroutines. The transport makes and connects the Conns' QPs (MakeQP,
+// BringUp) and says which QP numbers complete whose frames (Receives).
+// Owned by the goroutine driving the transport.
+type Endpoint struct {
+	Core *Core
+	// Lazy, when not nil, connects the Conns on demand.
+	Lazy Connector
+
+	name       string
+	magic      byte
+	rank       int
+	eager      int // the largest frame
+	sendDepth  int // each Conn's send queue
+	inline     int // the largest frame sent inline; set by the first QP
+	credits    uint32
+	refund     uint32
+	peers      []*Peer
+	conns      []*Conn          // in the order made
+	bySend     map[uint32]*Conn // by QPN: whose sends and reads complete
+	byRecv     map[uint32]*Peer // by the QPN receive completions name
+	dirtyConns []*Conn          // Conns with reads to post
+	dirtyPeers []*Peer          // Peers with credits to return
+
+	kick    func()
+	dev     *verbs.Context
+	log     *slog.Logger
+	m       *Metrics
+	qps     prometheus.Gauge
+	recvKey string
+
+	// setup is the time spent making QPs and changing their states;
+	// handshake the time lazy connections took from their Conn's first
+	// need to RTS, summed.
+	setup, handshake time.Duration
+
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	stopped bool
+}
+
+// NewEndpoint makes the Core of cfg and divides its receive buffers among
+// the peers as credits. On error the returned Endpoint is to be freed
+// (Free).
+func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
+	e := &Endpoint{name: cfg.Name, magic: cfg.Magic, rank: cfg.Rank, eager: cfg.EagerSize, sendDepth: cfg.SendDepth,
+		peers: cfg.Peers, bySend: map[uint32]*Conn{}, byRecv: map[uint32]*Peer{},
+		kick: cfg.Kick, dev: cfg.Device, log: cfg.Log, m: cfg.Metrics, qps: cfg.QPs, recvKey: cfg.RecvQPKey}
+	remotes := 0
+	for _, p := range cfg.Peers {
+		if p != nil {
+			p.Conn.name = cfg.Name
+			remotes++
+		}
+	}
+	// Every remote rank gets an equal share of the receive buffers.
+	e.credits, e.refund = Shares(cfg.SRQDepth, remotes)
+	var err error
+	e.Core, err = NewCore(cfg.CoreConfig)
+	if err != nil {
+		return e, fmt.Errorf("%s: %w", e.name, err)
+	}
+	e.m.SRQPosted.Set(float64(cfg.SRQDepth))
+	return e, nil
+}
+
+// Run starts the goroutines that wait for completions and async events;
+// the context it returns, for the transport's own goroutines (Go), ends
+// at Close.
+func (e *Endpoint) Run() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	e.wg.Go(func() { WatchCQ(ctx, e.Core.CQ, e.Core.Ch, e.kick, e.log, e.m) })
+	e.wg.Go(func() { WatchEvents(ctx, e.dev, e.Core.Recv, e.kick, e.log, e.m) })
+	return ctx
+}
+
+// Go runs f in a goroutine that Close waits for.
+func (e *Endpoint) Go(f func()) { e.wg.Go(f) }
+
+// Close ends the context of Run (if Run was called), waits for the
+// goroutines and, the first time, calls teardown, which frees what the
+// transport made (and the Endpoint: Free).
+func (e *Endpoint) Close(teardown func() error) error {
+	if e.stopped {
+		return nil
+	}
+	e.stopped = true
+	if e.cancel != nil {
+		e.cancel()
+	}
+	e.wg.Wait()
+	return teardown()
+}
+
+// Free destroys the Conns' QPs and closes the Core. QPs the transport
+// made itself (XRC's TGT QPs) are not the Endpoint's: the caller closes
+// them before calling Free. Nothing on a nil Endpoint.
+func (e *Endpoint) Free() error {
+	if e == nil {
+		return nil
+	}
+	var errs []error
+	for _, c := range e.conns {
+		if c.QP != nil {
+			errs = append(errs, c.QP.Close())
+			c.QP = nil
+			e.qps.Dec()
+		}
+	}
+	if e.Core != nil {
+		errs = append(errs, e.Core.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Reaches reports whether rank is on another node.
+func (e *Endpoint) Reaches(rank int) bool {
+	return rank >= 0 && rank < len(e.peers) && e.peers[rank] != nil
+}
+
+// MaxEager is the size of a receive buffer.
+func (e *Endpoint) MaxEager() int { return e.eager }
+
+// Credits is the frames a sender may have unconsumed at one receiver.
+func (e *Endpoint) Credits() uint32 { return e.credits }
+
+// Peer is rank, once its record was read.
+func (e *Endpoint) Peer(rank int) (*Peer, error) {
+	if !e.Reaches(rank) {
+		return nil, fmt.Errorf("%w: rank %d", transport.ErrUnreachable, rank)
+	}
+	p := e.peers[rank]
+	if !p.Recorded {
+		return nil, fmt.Errorf("%s: rank %d: not connected yet", e.name, rank)
+	}
+	return p, nil
+}
+
+// Usage is what an Endpoint holds, for the transports' Stats.
+type Usage struct {
+	// Conns is the Conns whose QP was made, Ready those in RTS.
+	Conns, Ready int
+	// RegisteredBytes is the memory registered: receive and send buffers
+	// and the registration cache's regions; CachedRegions the regions of
+	// the cache.
+	RegisteredBytes int64
+	CachedRegions   int
+	// QueueBytes estimates the queue memory of the Conns' QPs, the SRQ
+	// and the CQ (QueueBytes).
+	QueueBytes int64
+	// SetupTime is the time spent making QPs and changing their states;
+	// HandshakeTime, with lazy connection, the time from a Conn's first
+	// need to its QP at RTS, summed.
+	SetupTime, HandshakeTime time.Duration
+}
+
+// Usage reports the Endpoint's objects and memory.
+func (e *Endpoint) Usage() Usage {
+	u := Usage{CachedRegions: e.Core.Cache.Entries(), SetupTime: e.setup, HandshakeTime: e.handshake}
+	for _, c := range e.conns {
+		if c.QP != nil {
+			u.Conns++
+			if c.state == ConnReady {
+				u.Ready++
+			}
+		}
+	}
+	u.RegisteredBytes = e.Core.RegisteredBytes()
+	u.QueueBytes = e.Core.QueueBytes(u.Conns, e.sendDepth)
+	return u
+}
