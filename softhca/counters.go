@@ -32,6 +32,10 @@ type Counters struct {
 	XRCSRQErrors       atomic.Uint64 // XRC requests naming no XRC SRQ of their receive QP's domain
 	Retransmits        atomic.Uint64 // packets sent again
 	AckTimeouts        atomic.Uint64 // transport timer expirations
+	// LateTimeouts are the transport timer expirations the engine handled
+	// more than a timeout late, its process stalled: they resend but do
+	// not count against retry_cnt (up to retry_cnt in a row).
+	LateTimeouts atomic.Uint64
 
 	FaultDrops    atomic.Uint64 // packets dropped by fault injection
 	FaultDups     atomic.Uint64 // packets duplicated by fault injection
@@ -82,6 +86,7 @@ func (c *Counters) Each(f func(name, help string, v uint64)) {
 		{"xrc_srq_errors", "XRC requests naming no XRC SRQ of their receive QP's domain.", &c.XRCSRQErrors},
 		{"retransmits", "Packets sent again.", &c.Retransmits},
 		{"ack_timeouts", "Transport timer expirations.", &c.AckTimeouts},
+		{"late_timeouts", "Transport timer expirations handled more than a timeout late, not counted as retries.", &c.LateTimeouts},
 		{"fault_drops", "Packets dropped by fault injection.", &c.FaultDrops},
 		{"fault_dups", "Packets duplicated by fault injection.", &c.FaultDups},
 		{"fault_reorders", "Packets held back by fault injection.", &c.FaultReorders},

@@ -412,9 +412,10 @@ func (e *engine) fireTimers(now instant) bool {
 			heap.Fix(&e.timers, 0)
 		default:
 			heap.Pop(&e.timers)
+			late := now.sub(r.timerAt) > e.d.rto(q)
 			r.timerAt = 0
 			fired = true
-			e.d.timeout(q)
+			e.d.timeout(q, late)
 		}
 	}
 	return fired

@@ -165,9 +165,9 @@ func TestLossyLink(t *testing.T) {
 	}
 	for i, d := range devs {
 		c := d.Counters()
-		t.Logf("device %d: sent %d packets, dropped %d, duplicated %d, reordered %d; retransmitted %d, duplicates received %d, sequence NAKs %d, timeouts %d",
+		t.Logf("device %d: sent %d packets, dropped %d, duplicated %d, reordered %d; retransmitted %d, duplicates received %d, sequence NAKs %d, timeouts %d (%d late)",
 			i, c.XmitPackets.Load(), c.FaultDrops.Load(), c.FaultDups.Load(), c.FaultReorders.Load(),
-			c.Retransmits.Load(), c.DuplicateRequest.Load(), c.PacketSeqErr.Load(), c.AckTimeouts.Load())
+			c.Retransmits.Load(), c.DuplicateRequest.Load(), c.PacketSeqErr.Load(), c.AckTimeouts.Load(), c.LateTimeouts.Load())
 	}
 	if devs[0].Counters().Retransmits.Load() == 0 || devs[0].Counters().FaultDrops.Load() == 0 {
 		t.Fatal("no retransmissions counted under 10% loss")
@@ -202,8 +202,10 @@ func TestTotalLoss(t *testing.T) {
 		t.Fatalf("completion %+v, want RETRY_EXC_ERR", wc[0])
 	}
 	c := devs[0].Counters()
-	if got := c.AckTimeouts.Load(); got != retries+1 {
-		t.Errorf("transport timer fired %d times, want %d", got, retries+1)
+	// Timeouts handled late (the test process stalled on a loaded
+	// machine) do not count against the retries.
+	if got := c.AckTimeouts.Load() - c.LateTimeouts.Load(); got != retries+1 {
+		t.Errorf("transport timer fired %d times on time, want %d", got, retries+1)
 	}
 	if got := c.LocalAckTimeoutErr.Load(); got != 1 {
 		t.Errorf("local_ack_timeout_err %d, want 1", got)

@@ -76,6 +76,7 @@ type requester struct {
 	// for nakPSN is a copy the network made or held back, not news.
 	nakDone   bool
 	retries   uint8 // transport retries left
+	lateLeft  uint8 // late timeouts still forgiven (see timeout)
 	rnrLeft   uint8 // RNR retries left
 	drainSent bool
 	sendIdx   int           // first WQE of q with packets to send
@@ -137,7 +138,7 @@ func (r *requester) start(q *qp) {
 	r.psn = q.sqPSN
 	r.high = q.sqPSN
 	r.acked = (q.sqPSN - 1) & roce.PSNMask
-	r.retries = q.retryCnt
+	r.retries, r.lateLeft = q.retryCnt, q.retryCnt
 	r.rnrLeft = q.rnrRetry
 	r.cwnd, r.ssthresh = initialWindow, sendWindow
 }
@@ -703,7 +704,7 @@ func (d *Device) acked(q *qp, psn uint32) {
 		}
 	}
 	if progress {
-		r.retries = q.retryCnt
+		r.retries, r.lateLeft = q.retryCnt, q.retryCnt
 		r.rnrLeft = q.rnrRetry
 		r.nakDone = false
 		if len(r.q) == 0 || q.timeout == 0 {
@@ -762,7 +763,7 @@ func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
 	w.rdGap = false
 	d.acked(q, (w.psn-1)&roce.PSNMask) // a response acknowledges what came before
 	// Each response in order is progress: the retries start over.
-	r.retries = q.retryCnt
+	r.retries, r.lateLeft = q.retryCnt, q.retryCnt
 	if q.timeout != 0 {
 		d.eng.setTimer(q, d.eng.nowI.add(d.rto(q)))
 	}
@@ -852,7 +853,16 @@ func (d *Device) rewind(q *qp, psn uint32) {
 
 // timeout handles a requester timer: the end of an RNR wait, or the
 // transport timer, which retries or gives up.
-func (d *Device) timeout(q *qp) {
+//
+// A transport timer that fires late by more than its timeout (late) tells
+// of the device's own stall (its process was not scheduled) rather than of
+// the path: the peer's answers may be waiting, unread, and in one process
+// the peer device stalled too. Such a timeout goes back and sends again
+// but, up to retry_cnt times in a row, counts against neither retry_cnt
+// nor the send window: a loaded host must not turn into RETRY_EXC_ERR for a
+// path that works, and a dead peer still fails the QP, after at most twice
+// the retries.
+func (d *Device) timeout(q *qp, late bool) {
 	r := &q.req
 	r.timerAt = 0
 	if q.state != qpstate.RTS && q.state != qpstate.SQD {
@@ -867,6 +877,13 @@ func (d *Device) timeout(q *qp) {
 		return
 	}
 	d.counters.AckTimeouts.Add(1)
+	if late && r.lateLeft > 0 {
+		r.lateLeft--
+		d.counters.LateTimeouts.Add(1)
+		d.rewind(q, (r.acked+1)&roce.PSNMask)
+		d.eng.schedule(q)
+		return
+	}
 	if r.retries == 0 {
 		d.counters.LocalAckTimeoutErr.Add(1)
 		d.requestError(q, r.q[0], mlx4hw.SyndromeRetryExcErr)

@@ -84,3 +84,50 @@ func TestLazyTimers(t *testing.T) {
 	e.cancelTimer(a)
 	check("cancelTimer left the QP queued", len(e.timers) != 0 || a.req.heapIdx != -1, false)
 }
+
+// TestLateTimeout checks that a transport timer the engine handles more
+// than a timeout late (its process stalled) resends without spending a
+// retry, at most retry_cnt times in a row, while a timely one spends one.
+func TestLateTimeout(t *testing.T) {
+	d := &Device{clock: newRealClock()}
+	d.eng = newEngine(d, 0, false, Faults{})
+	e := d.eng
+	t0 := time.Unix(1000, 0)
+	q := &qp{state: qpstate.RTS, timeout: 8, retryCnt: 3} // 1 ms
+	q.req.heapIdx = -1
+	q.req.start(q)
+	q.req.q = []*swqe{{npkts: 1, sent: 1}}
+	now := e.instant(t0)
+	// fire sets the timer a timeout ahead (the timeout grows as retries
+	// are spent) and runs the engine's timers late by late timeouts.
+	fire := func(late float64) {
+		t.Helper()
+		rto := d.rto(q)
+		e.setTimer(q, now.add(rto))
+		now = now.add(rto + time.Duration(late*float64(rto)))
+		if !e.fireTimers(now) {
+			t.Fatal("the timer did not fire")
+		}
+	}
+	check := func(what string, retries, late uint64) {
+		t.Helper()
+		c := &d.counters
+		if q.state != qpstate.RTS || uint64(q.req.retries) != retries || c.LateTimeouts.Load() != late {
+			t.Fatalf("%s: state %v, %d retries left, %d late timeouts; want RTS, %d and %d",
+				what, q.state, q.req.retries, c.LateTimeouts.Load(), retries, late)
+		}
+	}
+	fire(0)
+	check("timely", 2, 0)
+	fire(0.5)
+	check("half a timeout late", 1, 0)
+	fire(3)
+	check("three timeouts late", 1, 1)
+	fire(2)
+	check("late again", 1, 2)
+	fire(4)
+	check("late a third time", 1, 3)
+	// retry_cnt late ones in a row are forgiven; the next one counts.
+	fire(5)
+	check("late a fourth time", 0, 3)
+}

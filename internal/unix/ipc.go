@@ -153,8 +153,14 @@ func ParseRights(oob []byte) ([]int, error) {
 // RightsSpace is the control-message room needed to receive n descriptors.
 func RightsSpace(n int) int { return unix.CmsgSpace(n * 4) }
 
-// SchedYield gives the CPU to another runnable thread, if any.
-func SchedYield() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+// SchedYield gives the CPU to another runnable thread, if any. It is a raw
+// system call, as the Go runtime's own yield in its spin loops is: with
+// the runtime's system call bookkeeping, a yield that lets another process
+// run for a while would make the runtime hand this thread's P to another
+// thread and take it back afterwards, which in a loop of yields costs more
+// than the polling they separate (between two emulated nodes, a third of
+// the 1 MiB bandwidth of bench/osu).
+func SchedYield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // AllowPeerReads lets other processes of this user read this process's
 // memory with process_vm_readv where the Yama LSM restricts ptrace to
