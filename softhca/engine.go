@@ -201,6 +201,10 @@ func (e *engine) loop() {
 	var idleSince time.Time
 	var prevWorked bool // the last round found work, and began at prevStart
 	var prevStart time.Time
+	// spinOK: a round found work since the engine last slept. Only then
+	// does it spin before sleeping again: a wake that found nothing (a
+	// periodic timer) is no sign that more is coming.
+	var spinOK bool
 	for {
 		e.pending.Store(false)
 		e.qmu.Lock()
@@ -227,12 +231,13 @@ func (e *engine) loop() {
 		prevWorked, prevStart = worked, e.now
 		if worked {
 			idleSince = time.Time{}
+			spinOK = true
 			continue
 		}
 		if e.pending.Load() {
 			continue
 		}
-		if e.spin > 0 {
+		if e.spin > 0 && spinOK {
 			if idleSince.IsZero() {
 				idleSince = time.Now()
 			}
@@ -244,6 +249,7 @@ func (e *engine) loop() {
 				continue
 			}
 		}
+		spinOK = false
 		e.sleeping.Store(true)
 		e.d.link.idle()
 		if e.setRingsSleeping(true) || e.pending.Load() {
@@ -396,6 +402,11 @@ func (e *engine) setTimer(q *qp, at instant) {
 	}
 }
 
+// lateSlack is the least lateness that makes a transport timer late (see
+// Device.timeout): Go's timers, which wake a sleeping engine, may fire a
+// millisecond or so after their time on their own.
+const lateSlack = 4 * time.Millisecond
+
 // fireTimers runs the timers due at now, and drops or queues again the
 // heap entries of timers cancelled or moved later. It reports whether a
 // timer fired. Caller holds d.mu.
@@ -412,7 +423,7 @@ func (e *engine) fireTimers(now instant) bool {
 			heap.Fix(&e.timers, 0)
 		default:
 			heap.Pop(&e.timers)
-			late := now.sub(r.timerAt) > e.d.rto(q)
+			late := now.sub(r.timerAt) > max(e.d.rto(q), lateSlack)
 			r.timerAt = 0
 			fired = true
 			e.d.timeout(q, late)

@@ -6,19 +6,20 @@ import (
 )
 
 // TestQPLayout checks the cache lines qp's doc comment promises, which
-// warm prefetches: a requester reads 4 lines of a QP per message, a
-// responder 3. Go starts a qp object on a cache line, or 8 bytes after one
-// (where an allocation header comes first); both must hold.
+// warm prefetches: a requester reads 4 lines of a QP per message, the
+// responder of an RC QP on an SRQ 3. Go starts a qp object on a cache
+// line, or 8 bytes after one (where an allocation header comes first);
+// both must hold.
 func TestQPLayout(t *testing.T) {
 	var q qp
 	off := func(p unsafe.Pointer) uintptr { return uintptr(p) - uintptr(unsafe.Pointer(&q)) }
 	type span struct{ from, to uintptr } // object offsets
 	req := []span{
-		{0, unsafe.Sizeof(q.num)},
+		{0, off(unsafe.Pointer(&q.client)) + unsafe.Sizeof(q.client)},
 		{off(unsafe.Pointer(&q.scq)), off(unsafe.Pointer(&q.req.heapAt)) + unsafe.Sizeof(q.req.heapAt)},
 	}
 	resp := []span{
-		{0, unsafe.Sizeof(q.num)},
+		{0, off(unsafe.Pointer(&q.client)) + unsafe.Sizeof(q.client)},
 		{off(unsafe.Pointer(&q.rcq)), off(unsafe.Pointer(&q.resp.recvSG1)) + unsafe.Sizeof(q.resp.recvSG1)},
 	}
 	lines := func(spans []span, shift uintptr) int {
@@ -45,7 +46,7 @@ func TestQPLayout(t *testing.T) {
 	if n := len(h.requesterLines(nil)); n > 4 {
 		t.Errorf("warm prefetches %d lines for the requester, want 4", n)
 	}
-	if n := len(h.responderLines(nil)); n > 3 {
+	if n := len(h.responderLines(nil, false)); n > 3 {
 		t.Errorf("warm prefetches %d lines for the responder, want 3", n)
 	}
 }

@@ -32,10 +32,12 @@ func (r *ring) slot(i uint32) []byte {
 // The first line holds what both sides read for every message; the next
 // three the send CQ, the send queue and the requester's state, which a
 // message reads and writes nearly all of; then two lines of the receive
-// side: the receive CQ and queues, the XRC domain, the responder's state of
-// a message and the scatter list of a receive (for SENDs); then the
-// responder's READ and atomic resources. The attributes and bookkeeping
-// only commands use come last. The engine prefetches these lines for a
+// side: the receive CQ and SRQ, the XRC domain, the responder's state of a
+// message and the scatter list of a receive (for SENDs); then the
+// responder's XRC SRQ of a message and its READ and atomic resources. The
+// attributes and bookkeeping only commands use come last, with the receive
+// queue of a QP that has one (a QP on an SRQ, as in BenchmarkQPScaling, or
+// an XRC one reads none of it). The engine prefetches these lines for a
 // batch of messages (warm.go); TestQPLayout checks them.
 type qp struct {
 	num                          uint32

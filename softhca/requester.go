@@ -192,7 +192,8 @@ func (r *requester) sampleRTT(rtt time.Duration) {
 // backs off: the QP's timeout is the least the requester waits, and a
 // peer that is alive but not scheduled for a while (a loaded machine
 // running software HCAs) is not declared dead after retry_cnt short
-// waits. The number of retries before RETRY_EXC_ERR is unchanged.
+// waits. The backoff does not change how many timeouts spend a retry
+// before RETRY_EXC_ERR (late ones do not: see timeout).
 func (d *Device) rto(q *qp) time.Duration {
 	r := &q.req
 	base := max(ackTimeout(q.timeout), r.srtt+4*r.rttvar)
@@ -854,14 +855,15 @@ func (d *Device) rewind(q *qp, psn uint32) {
 // timeout handles a requester timer: the end of an RNR wait, or the
 // transport timer, which retries or gives up.
 //
-// A transport timer that fires late by more than its timeout (late) tells
-// of the device's own stall (its process was not scheduled) rather than of
-// the path: the peer's answers may be waiting, unread, and in one process
-// the peer device stalled too. Such a timeout goes back and sends again
-// but, up to retry_cnt times in a row, counts against neither retry_cnt
-// nor the send window: a loaded host must not turn into RETRY_EXC_ERR for a
-// path that works, and a dead peer still fails the QP, after at most twice
-// the retries.
+// A transport timer handled late by more than its timeout, and by more
+// than lateSlack (late), tells of the device's own stall (its process was
+// not scheduled) rather than of the path: the peer's answers may be
+// waiting, unread, and in one process the peer device stalled too. Such a
+// timeout goes back and sends again but counts against neither retry_cnt
+// nor the send window (a stall is no sign of congestion), up to retry_cnt
+// late timeouts between two acknowledgements that make progress: a loaded
+// host must not turn into RETRY_EXC_ERR for a path that works, and a dead
+// peer still fails the QP, after at most twice the retries.
 func (d *Device) timeout(q *qp, late bool) {
 	r := &q.req
 	r.timerAt = 0
@@ -880,6 +882,9 @@ func (d *Device) timeout(q *qp, late bool) {
 	if late && r.lateLeft > 0 {
 		r.lateLeft--
 		d.counters.LateTimeouts.Add(1)
+		if d.debug {
+			d.log.Debug("late timeout", "qp", q.num, "acked", r.acked, "high", r.high, "late_left", r.lateLeft)
+		}
 		d.rewind(q, (r.acked+1)&roce.PSNMask)
 		d.eng.schedule(q)
 		return

@@ -87,13 +87,13 @@ func TestLazyTimers(t *testing.T) {
 
 // TestLateTimeout checks that a transport timer the engine handles more
 // than a timeout late (its process stalled) resends without spending a
-// retry, at most retry_cnt times in a row, while a timely one spends one.
+// retry, at most retry_cnt times, while a timely one spends one.
 func TestLateTimeout(t *testing.T) {
 	d := &Device{clock: newRealClock()}
 	d.eng = newEngine(d, 0, false, Faults{})
 	e := d.eng
 	t0 := time.Unix(1000, 0)
-	q := &qp{state: qpstate.RTS, timeout: 8, retryCnt: 3} // 1 ms
+	q := &qp{state: qpstate.RTS, timeout: 12, retryCnt: 3} // 16.8 ms, above lateSlack
 	q.req.heapIdx = -1
 	q.req.start(q)
 	q.req.q = []*swqe{{npkts: 1, sent: 1}}
@@ -121,6 +121,9 @@ func TestLateTimeout(t *testing.T) {
 	check("timely", 2, 0)
 	fire(0.5)
 	check("half a timeout late", 1, 0)
+	if d.rto(q) <= lateSlack {
+		t.Fatalf("timeout %v: not above lateSlack %v", d.rto(q), lateSlack)
+	}
 	fire(3)
 	check("three timeouts late", 1, 1)
 	fire(2)
@@ -130,4 +133,13 @@ func TestLateTimeout(t *testing.T) {
 	// retry_cnt late ones in a row are forgiven; the next one counts.
 	fire(5)
 	check("late a fourth time", 0, 3)
+
+	// With a short timeout, lateness within lateSlack (a Go timer's own
+	// delay) is not a stall, though it is several timeouts.
+	q = &qp{state: qpstate.RTS, timeout: 8, retryCnt: 3} // 1 ms
+	q.req.heapIdx = -1
+	q.req.start(q)
+	q.req.q = []*swqe{{npkts: 1, sent: 1}}
+	fire(float64(lateSlack-time.Millisecond) / float64(d.rto(q)))
+	check("short timeout, late within lateSlack", 2, 3)
 }

@@ -49,7 +49,7 @@ func (e *engine) warm() {
 			a = q.requesterLines(a)
 			qs = append(qs, warmQP{q, false})
 		default:
-			a = q.responderLines(a)
+			a = q.responderLines(a, p.Opcode.HasXRCETH())
 		}
 	}
 	prefetch.Addrs(a)
@@ -67,7 +67,7 @@ func (e *engine) warm() {
 			a = append(a, uintptr(unsafe.Pointer(r.q[0])))
 		} else if w.bell && cap(r.q) > 0 {
 			// The record of the WQE about to be fetched goes in r.q's
-			// array, another line of the QP's.
+			// array, an allocation of the QP's own.
 			a = append(a, uintptr(unsafe.Pointer(unsafe.SliceData(r.q))))
 		}
 	}
@@ -99,10 +99,15 @@ func (q *qp) requesterLines(a []uintptr) []uintptr {
 
 // responderLines appends the addresses of the cache lines of q that the
 // responder reads for a request: the first line, and the receive side's
-// state up to the scatter list of a receive.
-func (q *qp) responderLines(a []uintptr) []uintptr {
+// state up to the scatter list of a receive; for an XRC request (xrc) also
+// the line of the message's XRC SRQ.
+func (q *qp) responderLines(a []uintptr, xrc bool) []uintptr {
 	a = append(a, addr(q))
-	return appendLines(a, addr(&q.rcq), addr(&q.resp.recvSG1)+unsafe.Sizeof(q.resp.recvSG1))
+	a = appendLines(a, addr(&q.rcq), addr(&q.resp.recvSG1)+unsafe.Sizeof(q.resp.recvSG1))
+	if xrc {
+		a = appendLines(a, addr(&q.resp.xsrq), addr(&q.resp.xsrq)+unsafe.Sizeof(q.resp.xsrq))
+	}
+	return a
 }
 
 // appendLines appends the address of every cache line in [from, to).

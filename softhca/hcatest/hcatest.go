@@ -36,8 +36,8 @@ const envServe = "XRC_HCATEST_SERVE"
 // debug level, with microsecond times, to the test's stderr.
 const EnvDebug = "XRC_HCATEST_DEBUG"
 
-// EnvSpin sets the devices' Config.SpinIdle (a duration; negative: never
-// spin). By default they spin as xrcrun hca does: softhca.ProcessSpinIdle,
+// EnvSpin sets the devices' Config.SpinIdle (a duration; 0 or negative:
+// never spin). By default they spin as xrcrun hca does: softhca.ProcessSpinIdle,
 // yielding the CPU between polls.
 const EnvSpin = "XRC_HCATEST_SPIN"
 
@@ -71,6 +71,9 @@ func serve(spec string) int {
 	cfg := softhca.Config{Name: f[0], Addr: netip.MustParseAddr(f[1]), UDP: true, SpinIdle: softhca.ProcessSpinIdle, SpinYield: true}
 	if d, err := time.ParseDuration(os.Getenv(EnvSpin)); err == nil {
 		cfg.SpinIdle = d
+		if d == 0 {
+			cfg.SpinIdle = -1 // as xrcrun hca --spin 0: never (softhca's 0 is its default)
+		}
 	}
 	if os.Getenv(EnvDebug) != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug,
