@@ -22,11 +22,10 @@ type CQ struct {
 	ring          // the CQE ring, shared with the device, and its doorbell record: set_ci word, then arm word
 	n      uint32 // entries, a power of two
 
-	mu        sync.Mutex // serializes Poll, Arm and cleaning
-	ci        uint32     // guarded by mu: consumer index
-	armSN     uint32     // guarded by mu: arm sequence number
-	lastQP    *QP        // guarded by mu: the QP of the last CQE, a lookup cache
-	warmAddrs []uintptr  // guarded by mu: scratch space of warm
+	mu     sync.Mutex // serializes Poll, Arm and cleaning
+	ci     uint32     // guarded by mu: consumer index
+	armSN  uint32     // guarded by mu: arm sequence number
+	lastQP *QP        // guarded by mu: the QP of the last CQE, a lookup cache
 }
 
 // CreateCQ allocates the CQE ring and a doorbell record and issues

@@ -33,8 +33,9 @@ type Counters struct {
 	Retransmits        atomic.Uint64 // packets sent again
 	AckTimeouts        atomic.Uint64 // transport timer expirations
 	// LateTimeouts are the transport timer expirations the engine handled
-	// more than a timeout late, its process stalled: they resend but do
-	// not count against retry_cnt (up to retry_cnt in a row).
+	// more than a timeout (and 4 ms) late, its process stalled: they
+	// resend but do not count against retry_cnt (up to retry_cnt of them
+	// between two acknowledgements that make progress).
 	LateTimeouts atomic.Uint64
 
 	FaultDrops    atomic.Uint64 // packets dropped by fault injection

@@ -197,14 +197,12 @@ func (e *engine) loop() {
 	defer e.pkts.spill(len(e.pkts.free))
 	// idleSince is when the engine found nothing to do after its last
 	// work; zero while it works, so that a busy engine reads no clock for
-	// it.
+	// it. It stays set while the engine sleeps: a wake that finds nothing
+	// (a periodic timer) is no sign that more is coming, and does not
+	// start another spin.
 	var idleSince time.Time
 	var prevWorked bool // the last round found work, and began at prevStart
 	var prevStart time.Time
-	// spinOK: a round found work since the engine last slept. Only then
-	// does it spin before sleeping again: a wake that found nothing (a
-	// periodic timer) is no sign that more is coming.
-	var spinOK bool
 	for {
 		e.pending.Store(false)
 		e.qmu.Lock()
@@ -231,13 +229,12 @@ func (e *engine) loop() {
 		prevWorked, prevStart = worked, e.now
 		if worked {
 			idleSince = time.Time{}
-			spinOK = true
 			continue
 		}
 		if e.pending.Load() {
 			continue
 		}
-		if e.spin > 0 && spinOK {
+		if e.spin > 0 {
 			if idleSince.IsZero() {
 				idleSince = time.Now()
 			}
@@ -249,7 +246,6 @@ func (e *engine) loop() {
 				continue
 			}
 		}
-		spinOK = false
 		e.sleeping.Store(true)
 		e.d.link.idle()
 		if e.setRingsSleeping(true) || e.pending.Load() {
@@ -264,7 +260,6 @@ func (e *engine) loop() {
 		}
 		e.sleeping.Store(false)
 		e.setRingsSleeping(false)
-		idleSince = time.Time{}
 	}
 }
 
@@ -423,10 +418,8 @@ func (e *engine) fireTimers(now instant) bool {
 			heap.Fix(&e.timers, 0)
 		default:
 			heap.Pop(&e.timers)
-			late := now.sub(r.timerAt) > max(e.d.rto(q), lateSlack)
-			r.timerAt = 0
 			fired = true
-			e.d.timeout(q, late)
+			e.d.timeout(q, now)
 		}
 	}
 	return fired

@@ -138,10 +138,14 @@ func (r *requester) start(q *qp) {
 	r.psn = q.sqPSN
 	r.high = q.sqPSN
 	r.acked = (q.sqPSN - 1) & roce.PSNMask
-	r.retries, r.lateLeft = q.retryCnt, q.retryCnt
+	r.refill(q)
 	r.rnrLeft = q.rnrRetry
 	r.cwnd, r.ssthresh = initialWindow, sendWindow
 }
+
+// refill gives the requester its retry_cnt retries again, and as many late
+// timeouts forgiven (see Device.timeout): at RTS and on progress.
+func (r *requester) refill(q *qp) { r.retries, r.lateLeft = q.retryCnt, q.retryCnt }
 
 // The send window: a software device paced by its peer's CPU rather than
 // by a link, so the requester keeps a congestion window as TCP does. It
@@ -705,7 +709,7 @@ func (d *Device) acked(q *qp, psn uint32) {
 		}
 	}
 	if progress {
-		r.retries, r.lateLeft = q.retryCnt, q.retryCnt
+		r.refill(q)
 		r.rnrLeft = q.rnrRetry
 		r.nakDone = false
 		if len(r.q) == 0 || q.timeout == 0 {
@@ -764,7 +768,7 @@ func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
 	w.rdGap = false
 	d.acked(q, (w.psn-1)&roce.PSNMask) // a response acknowledges what came before
 	// Each response in order is progress: the retries start over.
-	r.retries, r.lateLeft = q.retryCnt, q.retryCnt
+	r.refill(q)
 	if q.timeout != 0 {
 		d.eng.setTimer(q, d.eng.nowI.add(d.rto(q)))
 	}
@@ -855,8 +859,8 @@ func (d *Device) rewind(q *qp, psn uint32) {
 // timeout handles a requester timer: the end of an RNR wait, or the
 // transport timer, which retries or gives up.
 //
-// A transport timer handled late by more than its timeout, and by more
-// than lateSlack (late), tells of the device's own stall (its process was
+// A transport timer handled (at now) late by more than its timeout, and by
+// more than lateSlack, tells of the device's own stall (its process was
 // not scheduled) rather than of the path: the peer's answers may be
 // waiting, unread, and in one process the peer device stalled too. Such a
 // timeout goes back and sends again but counts against neither retry_cnt
@@ -864,8 +868,9 @@ func (d *Device) rewind(q *qp, psn uint32) {
 // late timeouts between two acknowledgements that make progress: a loaded
 // host must not turn into RETRY_EXC_ERR for a path that works, and a dead
 // peer still fails the QP, after at most twice the retries.
-func (d *Device) timeout(q *qp, late bool) {
+func (d *Device) timeout(q *qp, now instant) {
 	r := &q.req
+	due := r.timerAt
 	r.timerAt = 0
 	if q.state != qpstate.RTS && q.state != qpstate.SQD {
 		return
@@ -879,7 +884,7 @@ func (d *Device) timeout(q *qp, late bool) {
 		return
 	}
 	d.counters.AckTimeouts.Add(1)
-	if late && r.lateLeft > 0 {
+	if r.lateLeft > 0 && now.sub(due) > max(d.rto(q), lateSlack) {
 		r.lateLeft--
 		d.counters.LateTimeouts.Add(1)
 		if d.debug {
