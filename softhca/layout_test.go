@@ -3,6 +3,8 @@ package softhca
 import (
 	"testing"
 	"unsafe"
+
+	"github.com/xrcrun/xrc/internal/prefetch"
 )
 
 // TestQPLayout checks the cache lines qp's doc comment promises, which
@@ -25,7 +27,7 @@ func TestQPLayout(t *testing.T) {
 	lines := func(spans []span, shift uintptr) int {
 		m := map[uintptr]bool{}
 		for _, s := range spans {
-			for l := (s.from + shift) / cacheLine; l <= (s.to+shift-1)/cacheLine; l++ {
+			for l := (s.from + shift) / prefetch.Line; l <= (s.to+shift-1)/prefetch.Line; l++ {
 				m[l] = true
 			}
 		}

@@ -112,13 +112,10 @@ func (q *qp) responderLines(a []uintptr, xrc bool) []uintptr {
 
 // appendLines appends the address of every cache line in [from, to).
 func appendLines(a []uintptr, from, to uintptr) []uintptr {
-	for l := from &^ (cacheLine - 1); l < to; l += cacheLine {
+	for l := from &^ (prefetch.Line - 1); l < to; l += prefetch.Line {
 		a = append(a, l)
 	}
 	return a
 }
-
-// cacheLine is the size of a cache line on the CPUs the engine runs on.
-const cacheLine = 64
 
 func addr[T any](p *T) uintptr { return uintptr(unsafe.Pointer(p)) }
