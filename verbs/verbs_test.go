@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"syscall"
 	"testing"
 )
@@ -91,9 +92,20 @@ func (d listDriver) Open(context.Context, string, Config) (Provider, error) {
 	return nil, syscall.ENODEV
 }
 
+// registerTestDriver registers d until the test ends, so that the test can
+// run again in the same process (-count).
+func registerTestDriver(t *testing.T, d Driver) {
+	RegisterDriver(d)
+	t.Cleanup(func() {
+		drivers.mu.Lock()
+		defer drivers.mu.Unlock()
+		drivers.list = slices.DeleteFunc(drivers.list, func(o Driver) bool { return o.Name() == d.Name() })
+	})
+}
+
 func TestDevices(t *testing.T) {
-	RegisterDriver(listDriver{name: "test-a", devs: []DeviceInfo{{Name: "zz9", Driver: "test-a"}}})
-	RegisterDriver(listDriver{name: "test-b", err: syscall.EACCES})
+	registerTestDriver(t, listDriver{name: "test-a", devs: []DeviceInfo{{Name: "zz9", Driver: "test-a"}}})
+	registerTestDriver(t, listDriver{name: "test-b", err: syscall.EACCES})
 	devs, err := Devices()
 	if !errors.Is(err, syscall.EACCES) {
 		t.Fatalf("a failing driver's error is not reported: %v", err)
