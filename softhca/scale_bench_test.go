@@ -3,7 +3,10 @@ package softhca_test
 import (
 	"fmt"
 	"math/bits"
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -325,8 +328,15 @@ func newScaleSetup(b *testing.B, n int) *scaleSetup {
 //     receive from an SRQ);
 //   - mmap-B/QP: the same measured: the queue memory the provider mapped
 //     (mlx4.Kernel.AllocQueue) while creating the QPs, per QP.
+//
+// XRC_SCALE_QPS, a comma-separated list, sets the QP counts (default
+// 10,1000,10000), to find where the cost per message turns up.
 func BenchmarkQPScaling(b *testing.B) {
-	for _, n := range []int{10, 1000, 10000} {
+	counts, err := scaleCounts(os.Getenv("XRC_SCALE_QPS"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, n := range counts {
 		b.Run(fmt.Sprintf("qps=%d", n), func(b *testing.B) {
 			s := newScaleSetup(b, n)
 			qpMax := int(s.a[0].Cap().MaxSendWR)
@@ -351,6 +361,23 @@ func BenchmarkQPScaling(b *testing.B) {
 			}
 		})
 	}
+}
+
+// scaleCounts parses XRC_SCALE_QPS: QP counts, comma-separated; empty
+// gives the default.
+func scaleCounts(v string) ([]int, error) {
+	if v == "" {
+		return []int{10, 1000, 10000}, nil
+	}
+	var counts []int
+	for f := range strings.SplitSeq(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("XRC_SCALE_QPS=%q: %q is not a QP count", v, f)
+		}
+		counts = append(counts, n)
+	}
+	return counts, nil
 }
 
 // run posts one message per iteration on the next QP, with at most depth
