@@ -67,6 +67,10 @@ type engine struct {
 	// Scratch space of warm.
 	warmAddrs []uintptr
 	warmQPs   []warmQP
+	// Scratch space of the packets of a run a round reads from memory at
+	// once (sendReads), and of their payloads.
+	runPkts []*roce.Packet
+	runBufs [][]byte
 }
 
 // instant is a time on the device clock: nanoseconds since the engine's

@@ -42,6 +42,16 @@ func (m *fakeMemory) read(addr uint64, b []byte) error {
 	return nil
 }
 
+func (m *fakeMemory) readv(addr uint64, bs [][]byte) error {
+	for _, b := range bs {
+		if err := m.read(addr, b); err != nil {
+			return err
+		}
+		addr += uint64(len(b))
+	}
+	return nil
+}
+
 func (m *fakeMemory) write(addr uint64, b []byte) error {
 	s, err := m.span(addr, uint64(len(b)))
 	if err != nil {

@@ -86,3 +86,7 @@ func checkMapped(pid int, addr, n uint64, write bool) error {
 
 func putNE64(b []byte, v uint64) { binary.NativeEndian.PutUint64(b, v) }
 func putNE32(b []byte, v uint32) { binary.NativeEndian.PutUint32(b, v) }
+
+func (m *localMemory) readv(addr uint64, bs [][]byte) error {
+	return unix.ProcessVMReadVec(m.pid, bs, addr)
+}

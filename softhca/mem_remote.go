@@ -172,3 +172,7 @@ func (m *remoteMemory) probe(addr uint64, nonce []byte) error {
 	}
 	return nil
 }
+
+func (m *remoteMemory) readv(addr uint64, bs [][]byte) error {
+	return unix.ProcessVMReadVec(m.pid, bs, addr)
+}

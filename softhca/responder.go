@@ -465,51 +465,75 @@ func (d *Device) queueRead(q *qp, r *resource, from uint32) {
 
 // sendReads sends up to readBudget READ response packets of a QP, oldest
 // READ first. It reports whether responses remain.
+//
+// The packets of one READ a call sends are read from memory at once
+// (mr.readv): through another process's memory, one system call for the
+// run instead of one a packet.
 func (d *Device) sendReads(q *qp) bool {
 	s := &q.resp
 	mtu := q.mtu()
-	for budget := readBudget; budget > 0 && len(s.reads) > 0; budget-- {
+	for budget := uint32(readBudget); budget > 0 && len(s.reads) > 0; {
 		r := s.reads[0]
-		k := r.next
-		p := d.newPacket(q)
-		p.PSN = (r.psn + k) & roce.PSNMask
-		first, last := k == 0, k == r.npkts-1
-		switch {
-		case first && last:
-			p.Opcode = roce.ReadResponseOnly
-		case first:
-			p.Opcode = roce.ReadResponseFirst
-		case last:
-			p.Opcode = roce.ReadResponseLast
-		default:
-			p.Opcode = roce.ReadResponseMiddle
+		cnt := min(budget, r.npkts-r.next)
+		ps, bufs := d.eng.runPkts[:0], d.eng.runBufs[:0]
+		for k := r.next; k < r.next+cnt; k++ {
+			p := d.newPacket(q)
+			p.PSN = (r.psn + k) & roce.PSNMask
+			first, last := k == 0, k == r.npkts-1
+			switch {
+			case first && last:
+				p.Opcode = roce.ReadResponseOnly
+			case first:
+				p.Opcode = roce.ReadResponseFirst
+			case last:
+				p.Opcode = roce.ReadResponseLast
+			default:
+				p.Opcode = roce.ReadResponseMiddle
+			}
+			p.Opcode |= q.xport
+			if first || last {
+				p.Syndrome, p.MSN = roce.AETHAck|roce.AETHInvalidCredits, s.msn
+			}
+			off := k * mtu
+			n := min(mtu, r.length-min(off, r.length))
+			p.Payload = p.Payload[:n]
+			if n > 0 {
+				bufs = append(bufs, p.Payload)
+			}
+			ps = append(ps, p)
 		}
-		if first || last {
-			p.Syndrome, p.MSN = roce.AETHAck|roce.AETHInvalidCredits, s.msn
-		}
-		off := k * mtu
-		n := min(mtu, r.length-min(off, r.length))
-		p.Payload = p.Payload[:n]
-		if n > 0 {
+		ok := true
+		if len(bufs) > 0 {
 			// Check the key again: the region may be gone since the
 			// request came (or since the duplicate asking for it again).
-			m, ok := d.remoteMR(q, r.pd, r.rkey, r.va, uint64(r.length), accRemoteRead)
-			if !ok || !m.read(r.va+uint64(off), p.Payload) {
+			var m *mr
+			m, ok = d.remoteMR(q, r.pd, r.rkey, r.va, uint64(r.length), accRemoteRead)
+			ok = ok && m.readv(r.va+uint64(r.next*mtu), bufs)
+		}
+		psn := ps[0].PSN
+		for _, p := range ps {
+			if ok {
+				d.eng.send(p)
+			} else {
 				d.eng.pkts.put(p)
-				// The NAK is for this READ: the later ones, and a
-				// NAK that was to follow them, are dropped.
-				for _, x := range s.reads {
-					x.queued = false
-				}
-				clear(s.reads)
-				s.reads, s.nakAfterReads = s.readBuf[:0], false
-				d.fatal(q, &roce.Packet{PSN: p.PSN}, roce.NakRemoteAccess)
-				return false
 			}
 		}
-		p.Opcode |= q.xport
-		d.eng.send(p)
-		r.next++
+		clear(ps)
+		clear(bufs)
+		d.eng.runPkts, d.eng.runBufs = ps[:0], bufs[:0]
+		if !ok {
+			// The NAK is for this READ: the later ones, and a NAK that
+			// was to follow them, are dropped.
+			for _, x := range s.reads {
+				x.queued = false
+			}
+			clear(s.reads)
+			s.reads, s.nakAfterReads = s.readBuf[:0], false
+			d.fatal(q, &roce.Packet{PSN: psn}, roce.NakRemoteAccess)
+			return false
+		}
+		r.next += cnt
+		budget -= cnt
 		if r.next == r.npkts {
 			r.queued = false
 			s.reads[0] = nil

@@ -161,6 +161,47 @@ func ProcessVMRead(pid int, local []byte, addr uint64) error {
 	return nil
 }
 
+// maxVMIovecs bounds the local buffers of one process_vm_readv that
+// ProcessVMReadVec makes (the kernel's limit is 1024).
+const maxVMIovecs = 64
+
+// ProcessVMReadVec copies the bytes at remote address addr of process pid
+// into the local buffers in turn, as if they were one: it reads
+// [addr, addr+total) where total is the sum of their lengths, with one
+// process_vm_readv for up to 64 buffers. The kernel's cost of such a call
+// (finding the process, checking access, pinning its pages) is paid per
+// call, so a run of packets of one message is read at once.
+func ProcessVMReadVec(pid int, local [][]byte, addr uint64) error {
+	var iov [maxVMIovecs]unix.Iovec
+	for len(local) > 0 {
+		l := iov[:0]
+		total := 0
+		for _, b := range local[:min(len(local), maxVMIovecs)] {
+			if len(b) == 0 {
+				continue
+			}
+			v := unix.Iovec{Base: &b[0]}
+			v.SetLen(len(b))
+			l = append(l, v)
+			total += len(b)
+		}
+		local = local[min(len(local), maxVMIovecs):]
+		if total == 0 {
+			continue
+		}
+		r := []unix.RemoteIovec{{Base: uintptr(addr), Len: total}}
+		n, err := unix.ProcessVMReadv(pid, l, r, 0)
+		if err != nil {
+			return Errorf(asErrno(err), "process_vm_readv of %d bytes at %#x in pid %d", total, addr, pid)
+		}
+		if n != total {
+			return Errorf(EFAULT, "process_vm_readv: %d of %d bytes at %#x in pid %d", n, total, addr, pid)
+		}
+		addr += uint64(total)
+	}
+	return nil
+}
+
 // ProcessVMWrite copies local to remote address addr of process pid.
 func ProcessVMWrite(pid int, local []byte, addr uint64) error {
 	if len(local) == 0 {

@@ -366,6 +366,23 @@ func testGoMemory(t *testing.T, env Env) {
 	if !bytes.Equal(p.b.buf[:len(src)], src) {
 		t.Fatal("data from Go memory differs")
 	}
+
+	// An RDMA READ of Go memory: the responder reads it where it lies (for
+	// a device in another process, through the client's address space),
+	// in more packets (98 at MTU 1024) than the device sends in one go.
+	remote := make([]byte, 100000)
+	fill(remote, 41)
+	rmr, err := p.b.pd.RegMR(remote, verbs.AccessLocalWrite|verbs.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rmr.Close()
+	check(t, p.a.qp.PostSend(&verbs.SendWR{WRID: 3, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
+		SG: []verbs.SGE{p.a.mr.SGE(8192, len(remote))}, RemoteAddr: rmr.Addr(), RKey: rmr.RKey()}))
+	pollOne(t, p.a.cq, verbs.WCSuccess, 3)
+	if !bytes.Equal(p.a.buf[8192:8192+len(remote)], remote) {
+		t.Fatal("data read from Go memory differs")
+	}
 }
 
 func testSRQ(t *testing.T, env Env) {
