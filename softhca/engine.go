@@ -71,6 +71,8 @@ type engine struct {
 	// once (sendReads), and of their payloads.
 	runPkts []*roce.Packet
 	runBufs [][]byte
+	// run is the READ response payloads waiting to be written at once.
+	run writeRun
 }
 
 // instant is a time on the device clock: nanoseconds since the engine's
@@ -298,6 +300,7 @@ func (e *engine) round() bool {
 		d.receive(p)
 		e.rxWork[i] = nil
 	}
+	d.endRun() // before the link reads into the buffers the run points into
 	if e.fireTimers(e.nowI) {
 		worked = true
 	}

@@ -42,9 +42,14 @@ func (m *fakeMemory) read(addr uint64, b []byte) error {
 	return nil
 }
 
-func (m *fakeMemory) readv(addr uint64, bs [][]byte) error {
+func (m *fakeMemory) readv(addr uint64, bs [][]byte) error  { return eachBuffer(addr, bs, m.read) }
+func (m *fakeMemory) writev(addr uint64, bs [][]byte) error { return eachBuffer(addr, bs, m.write) }
+
+// eachBuffer calls f for each buffer of bs and the address it goes at, from
+// addr on.
+func eachBuffer(addr uint64, bs [][]byte, f func(uint64, []byte) error) error {
 	for _, b := range bs {
-		if err := m.read(addr, b); err != nil {
+		if err := f(addr, b); err != nil {
 			return err
 		}
 		addr += uint64(len(b))

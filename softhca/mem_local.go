@@ -90,3 +90,7 @@ func putNE32(b []byte, v uint32) { binary.NativeEndian.PutUint32(b, v) }
 func (m *localMemory) readv(addr uint64, bs [][]byte) error {
 	return unix.ProcessVMReadVec(m.pid, bs, addr)
 }
+
+func (m *localMemory) writev(addr uint64, bs [][]byte) error {
+	return unix.ProcessVMWriteVec(m.pid, bs, addr)
+}

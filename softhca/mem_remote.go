@@ -176,3 +176,7 @@ func (m *remoteMemory) probe(addr uint64, nonce []byte) error {
 func (m *remoteMemory) readv(addr uint64, bs [][]byte) error {
 	return unix.ProcessVMReadVec(m.pid, bs, addr)
 }
+
+func (m *remoteMemory) writev(addr uint64, bs [][]byte) error {
+	return unix.ProcessVMWriteVec(m.pid, bs, addr)
+}

@@ -778,15 +778,21 @@ func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
 		if d.debug {
 			d.log.Debug("bad read response", "op", p.Opcode, "psn", p.PSN, "wpsn", w.psn, "npkts", w.npkts, "rdGot", w.rdGot, "n", n, "length", w.length)
 		}
+		d.flushRun() // the READ fails anyway
 		d.requestError(q, w, mlx4hw.SyndromeBadRespErr)
 		return
 	}
-	if !scatter(w.sg, w.rdGot, p.Payload) {
+	if !d.placeRead(q, w, p) {
 		d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
 		return
 	}
 	w.rdGot += n
 	if last {
+		// The READ completes: its bytes must be in memory first.
+		if _, _, ok := d.flushRun(); !ok {
+			d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
+			return
+		}
 		w.done = true
 		r.rdAtomic--
 		d.acked(q, p.PSN)

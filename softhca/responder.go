@@ -82,6 +82,9 @@ func (s *responder) start(q *qp) { s.epsn = q.rqPSN }
 // engine goroutine.
 func (d *Device) receive(p *roce.Packet) {
 	defer d.eng.pkts.put(p)
+	if r := &d.eng.run; r.q != nil && !r.continues(p) {
+		d.endRun()
+	}
 	if !d.portUp.Load() {
 		return // lost on a port that is down
 	}

@@ -172,34 +172,65 @@ const maxVMIovecs = 64
 // (finding the process, checking access, pinning its pages) is paid per
 // call, so a run of packets of one message is read at once.
 func ProcessVMReadVec(pid int, local [][]byte, addr uint64) error {
+	return processVMVec(pid, local, addr, false)
+}
+
+// ProcessVMWriteVec copies the local buffers in turn to remote address
+// addr of process pid, as if they were one, with one process_vm_writev for
+// up to 64 buffers (see ProcessVMReadVec).
+func ProcessVMWriteVec(pid int, local [][]byte, addr uint64) error {
+	return processVMVec(pid, local, addr, true)
+}
+
+// processVMVec moves the bytes of the local buffers, in turn, from (or, if
+// write, to) [addr, addr+total) of process pid, 64 buffers a system call.
+// The system calls are named outright, not passed as a function, so that
+// the iovecs stay on the stack.
+func processVMVec(pid int, local [][]byte, addr uint64, write bool) error {
+	name := "process_vm_readv"
+	if write {
+		name = "process_vm_writev"
+	}
 	var iov [maxVMIovecs]unix.Iovec
 	for len(local) > 0 {
-		l := iov[:0]
-		total := 0
-		for _, b := range local[:min(len(local), maxVMIovecs)] {
-			if len(b) == 0 {
-				continue
-			}
-			v := unix.Iovec{Base: &b[0]}
-			v.SetLen(len(b))
-			l = append(l, v)
-			total += len(b)
-		}
+		l, total := vmIovecs(iov[:0], local[:min(len(local), maxVMIovecs)])
 		local = local[min(len(local), maxVMIovecs):]
 		if total == 0 {
 			continue
 		}
 		r := []unix.RemoteIovec{{Base: uintptr(addr), Len: total}}
-		n, err := unix.ProcessVMReadv(pid, l, r, 0)
+		var n int
+		var err error
+		if write {
+			n, err = unix.ProcessVMWritev(pid, l, r, 0)
+		} else {
+			n, err = unix.ProcessVMReadv(pid, l, r, 0)
+		}
 		if err != nil {
-			return Errorf(asErrno(err), "process_vm_readv of %d bytes at %#x in pid %d", total, addr, pid)
+			return Errorf(asErrno(err), "%s of %d bytes at %#x in pid %d", name, total, addr, pid)
 		}
 		if n != total {
-			return Errorf(EFAULT, "process_vm_readv: %d of %d bytes at %#x in pid %d", n, total, addr, pid)
+			return Errorf(EFAULT, "%s: %d of %d bytes at %#x in pid %d", name, n, total, addr, pid)
 		}
 		addr += uint64(total)
 	}
 	return nil
+}
+
+// vmIovecs appends to l an iovec for each non-empty buffer of bs, and
+// returns it with the bytes they hold.
+func vmIovecs(l []unix.Iovec, bs [][]byte) ([]unix.Iovec, int) {
+	total := 0
+	for _, b := range bs {
+		if len(b) == 0 {
+			continue
+		}
+		v := unix.Iovec{Base: &b[0]}
+		v.SetLen(len(b))
+		l = append(l, v)
+		total += len(b)
+	}
+	return l, total
 }
 
 // ProcessVMWrite copies local to remote address addr of process pid.

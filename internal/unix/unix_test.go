@@ -7,10 +7,11 @@ import (
 	"testing"
 )
 
-// TestProcessVMReadVec reads this process's own memory into runs of
-// buffers: one call's worth, more than one call's (the 64-buffer bound),
-// with empty buffers among them, and from an address that is not mapped.
-func TestProcessVMReadVec(t *testing.T) {
+// TestProcessVMVec reads this process's own memory into runs of buffers,
+// and writes them back: one call's worth, more than one call's (the
+// 64-buffer bound), with empty buffers among them, and at an address that
+// is not mapped.
+func TestProcessVMVec(t *testing.T) {
 	src := make([]byte, 4096)
 	for i := range src {
 		src[i] = byte(i*7 + 3)
@@ -34,6 +35,22 @@ func TestProcessVMReadVec(t *testing.T) {
 		if got := bytes.Join(bufs, nil); !bytes.Equal(got, src[5:5+total]) {
 			t.Fatalf("sizes %v: read %x, want %x", sizes, got, src[5:5+total])
 		}
+
+		// And back, into a copy of src whose bytes were changed.
+		for _, b := range bufs {
+			for i := range b {
+				b[i] ^= 0x5a
+			}
+		}
+		dst := bytes.Clone(src)
+		if err := ProcessVMWriteVec(os.Getpid(), bufs, uint64(AddrOf(dst))+5); err != nil {
+			t.Fatalf("sizes %v: write: %v", sizes, err)
+		}
+		want := bytes.Clone(src)
+		copy(want[5:], bytes.Join(bufs, nil))
+		if !bytes.Equal(dst, want) {
+			t.Fatalf("sizes %v: wrote %x, want %x", sizes, dst, want)
+		}
 	}
 
 	// A page that is not mapped: the error says EFAULT.
@@ -48,6 +65,10 @@ func TestProcessVMReadVec(t *testing.T) {
 	err = ProcessVMReadVec(os.Getpid(), [][]byte{make([]byte, 8), make([]byte, 8)}, gone)
 	if !errors.Is(err, EFAULT) {
 		t.Fatalf("read of unmapped memory: %v, want EFAULT", err)
+	}
+	err = ProcessVMWriteVec(os.Getpid(), [][]byte{make([]byte, 8), make([]byte, 8)}, gone)
+	if !errors.Is(err, EFAULT) {
+		t.Fatalf("write to unmapped memory: %v, want EFAULT", err)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -382,6 +383,28 @@ func testGoMemory(t *testing.T, env Env) {
 	pollOne(t, p.a.cq, verbs.WCSuccess, 3)
 	if !bytes.Equal(p.a.buf[8192:8192+len(remote)], remote) {
 		t.Fatal("data read from Go memory differs")
+	}
+
+	// And an RDMA READ into Go memory, scattered over three pieces out of
+	// order, so that packets fall on both sides of their edges.
+	dst := make([]byte, 200000)
+	dmr, err := p.a.pd.RegMR(dst, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dmr.Close()
+	check(t, p.a.qp.PostSend(&verbs.SendWR{WRID: 4, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
+		SG:         []verbs.SGE{dmr.SGE(100000, 30000), dmr.SGE(0, 50000), dmr.SGE(150000, 20000)},
+		RemoteAddr: rmr.Addr(), RKey: rmr.RKey()}))
+	pollOne(t, p.a.cq, verbs.WCSuccess, 4)
+	got := slices.Concat(dst[100000:130000], dst[:50000], dst[150000:170000])
+	if !bytes.Equal(got, remote) {
+		t.Fatal("data read into Go memory differs")
+	}
+	for _, gap := range [][2]int{{50000, 100000}, {130000, 150000}, {170000, 200000}} {
+		if !bytes.Equal(dst[gap[0]:gap[1]], make([]byte, gap[1]-gap[0])) {
+			t.Fatalf("a READ wrote outside its scatter list, in [%d, %d)", gap[0], gap[1])
+		}
 	}
 }
 
