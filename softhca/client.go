@@ -48,12 +48,12 @@ type memory interface {
 	release(view []byte)
 	// read and write copy between the client's memory and b.
 	read(addr uint64, b []byte) error
+	write(addr uint64, b []byte) error
 	// readv copies the bytes at addr into the buffers of bs in turn, as
 	// read would into their concatenation; writev copies the buffers in
 	// turn to addr.
 	readv(addr uint64, bs [][]byte) error
 	writev(addr uint64, bs [][]byte) error
-	write(addr uint64, b []byte) error
 	// close releases what the memory holds.
 	close()
 }

@@ -122,6 +122,10 @@ type Device struct {
 	log   *slog.Logger
 	debug bool
 	clock Clock
+	// noViews, a test hook, makes the device reach the memory regions of
+	// clients in its own process with process_vm_readv/writev, as it
+	// reaches other processes' (Go memory), instead of directly.
+	noViews bool
 
 	link    link
 	eng     *engine

@@ -45,6 +45,7 @@ func (d *Device) provider() (*mlx4.Context, error) {
 // kernel side the mlx4 provider talks to.
 func (d *Device) Kernel() (mlx4.Kernel, error) {
 	mem := newLocalMemory()
+	mem.noViews = d.noViews
 	c, err := d.connect(mem)
 	if err != nil {
 		return nil, err

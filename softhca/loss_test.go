@@ -21,12 +21,15 @@ var cfgLogger *slog.Logger
 
 // lossyEnv is two devices on UDP whose every packet, both ways, may be
 // lost, duplicated or reordered.
-func lossyEnv(f softhca.Faults) (verbstest.Env, *[2]*softhca.Device) {
+func lossyEnv(f softhca.Faults, viaProcess bool) (verbstest.Env, *[2]*softhca.Device) {
 	devs := new([2]*softhca.Device)
 	return verbstest.Env{Name: "lossy UDP", Open: func(t testing.TB) (a, b *verbs.Context) {
 		for i := range devs {
 			f.Seed += uint64(i)
 			devs[i] = newUDPDevice(t, softhca.Config{Faults: f, Logger: cfgLogger})
+			if viaProcess {
+				devs[i].ReachMemoryThroughProcess()
+			}
 		}
 		return open(t, devs[0]), open(t, devs[1])
 	}}, devs
@@ -45,7 +48,25 @@ func TestLossyLink(t *testing.T) {
 	if testing.Short() {
 		n = 200
 	}
-	env, devs := lossyEnv(softhca.Faults{Loss: 0.10, Duplicate: 0.05, Reorder: 0.05, Seed: 7})
+	lossyLink(t, n, false)
+}
+
+// TestLossyLinkThroughProcess is TestLossyLink with fewer SENDs, where the
+// devices reach the memory regions with process_vm_readv/writev, as they
+// reach Go memory in other processes: READ responses are read and written
+// in runs of packets (writerun.go), through the same loss, duplication and
+// reordering.
+func TestLossyLinkThroughProcess(t *testing.T) {
+	n := 200
+	if testing.Short() {
+		n = 50
+	}
+	lossyLink(t, n, true)
+}
+
+// lossyLink sends n SENDs, then the WRITEs and READs, over lossy links.
+func lossyLink(t *testing.T, n int, viaProcess bool) {
+	env, devs := lossyEnv(softhca.Faults{Loss: 0.10, Duplicate: 0.05, Reorder: 0.05, Seed: 7}, viaProcess)
 	const maxSize = 1 << 20
 	pa, pb := verbstest.ConnectWith(t, env, 8<<20, verbstest.Options{Timeout: 8, MTU: verbs.MTU4096})
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -178,7 +199,7 @@ func TestLossyLink(t *testing.T) {
 // RETRY_EXC_ERR after the QP's retry count: the transport timer fires once
 // for the first try and once per retry.
 func TestTotalLoss(t *testing.T) {
-	env, devs := lossyEnv(softhca.Faults{Loss: 1, Seed: 3})
+	env, devs := lossyEnv(softhca.Faults{Loss: 1, Seed: 3}, false)
 	const retries = 3
 	pa, _ := verbstest.ConnectWith(t, env, 4096, verbstest.Options{Timeout: 8, RetryCnt: retries}) // 1 ms
 	if err := pa.QP.PostSend(&verbs.SendWR{WRID: 5, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,

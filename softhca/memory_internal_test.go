@@ -6,6 +6,12 @@ import (
 	"github.com/xrcrun/xrc/internal/mlx4hw"
 )
 
+// ReachMemoryThroughProcess makes the device reach the memory regions of
+// the clients it connects from now on in this process with
+// process_vm_readv/writev, as it reaches Go memory in other processes, so
+// that in-process tests cover that path.
+func (d *Device) ReachMemoryThroughProcess() { d.noViews = true }
+
 // QPBytes is the Go heap the device holds for its QPs, per QP: each qp
 // object and the buffers and WQE records it owns (capacities, not
 // lengths), the device's QP table, and the engine's free WQE records. The

@@ -478,6 +478,12 @@ func (d *Device) sendReads(q *qp) bool {
 	for budget := uint32(readBudget); budget > 0 && len(s.reads) > 0; {
 		r := s.reads[0]
 		cnt := min(budget, r.npkts-r.next)
+		if cnt == 0 { // cannot happen: a READ leaves the queue with its last packet
+			r.queued = false
+			s.reads[0] = nil
+			s.reads = s.reads[1:]
+			continue
+		}
 		ps, bufs := d.eng.runPkts[:0], d.eng.runBufs[:0]
 		for k := r.next; k < r.next+cnt; k++ {
 			p := d.newPacket(q)

@@ -36,7 +36,10 @@ type writeRun struct {
 }
 
 // continues reports whether p is the next response packet of the run's
-// READ, which the run may take.
+// READ, which the run may take. It does not look at the source: a stray
+// packet with the right QP number and PSN from elsewhere neither ends the
+// run nor joins it, since receive then drops it (its source GID is not
+// the QP's peer's).
 func (r *writeRun) continues(p *roce.Packet) bool {
 	op := p.Opcode.Op()
 	return (op == roce.ReadResponseMiddle || op == roce.ReadResponseLast) &&
@@ -48,6 +51,9 @@ func (r *writeRun) continues(p *roce.Packet) bool {
 // run. It reports false if memory could not be written.
 func (d *Device) placeRead(q *qp, w *swqe, p *roce.Packet) bool {
 	r := &d.eng.run
+	if r.q == nil && len(w.sg) == 1 && w.sg[0].m.view != nil {
+		return scatter(w.sg, w.rdGot, p.Payload) // memory the device reaches directly
+	}
 	n := uint32(len(p.Payload))
 	s, off, ok := sgeAt(w.sg, w.rdGot)
 	if !ok || n == 0 || off+n > s.n || s.m.view != nil || s.m.dead || inStorage(p) {
@@ -81,10 +87,15 @@ func (d *Device) flushRun() (*qp, *swqe, bool) {
 	}
 	q, w := r.q, r.w
 	err := r.mem.writev(r.addr, r.bufs)
+	r.reset()
+	return q, w, err == nil
+}
+
+// reset ends the run without writing it.
+func (r *writeRun) reset() {
 	clear(r.bufs)
 	r.bufs = r.bufs[:0]
 	r.mem, r.q, r.w = nil, nil, nil
-	return q, w, err == nil
 }
 
 // endRun writes the run and fails its READ if that failed.

@@ -161,8 +161,9 @@ func ProcessVMRead(pid int, local []byte, addr uint64) error {
 	return nil
 }
 
-// maxVMIovecs bounds the local buffers of one process_vm_readv that
-// ProcessVMReadVec makes (the kernel's limit is 1024).
+// maxVMIovecs bounds the local buffers, empty ones included, that one
+// process_vm_readv or process_vm_writev of ProcessVMReadVec and
+// ProcessVMWriteVec takes (the kernel's limit is 1024).
 const maxVMIovecs = 64
 
 // ProcessVMReadVec copies the bytes at remote address addr of process pid

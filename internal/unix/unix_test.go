@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestProcessVMVec reads this process's own memory into runs of buffers,
@@ -53,15 +55,17 @@ func TestProcessVMVec(t *testing.T) {
 		}
 	}
 
-	// A page that is not mapped: the error says EFAULT.
+	// A page no access reaches (PROT_NONE, so that no other mapping can
+	// take its place during the test): the error says EFAULT.
 	page, err := MmapAnon(4096)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gone := uint64(AddrOf(page))
-	if err := Munmap(page); err != nil {
+	defer Munmap(page)
+	if err := unix.Mprotect(page, unix.PROT_NONE); err != nil {
 		t.Fatal(err)
 	}
+	gone := uint64(AddrOf(page))
 	err = ProcessVMReadVec(os.Getpid(), [][]byte{make([]byte, 8), make([]byte, 8)}, gone)
 	if !errors.Is(err, EFAULT) {
 		t.Fatalf("read of unmapped memory: %v, want EFAULT", err)
