@@ -26,6 +26,14 @@ var benchEnvs = []verbstest.Env{
 	{Name: "two-devices-udp", Open: func(t testing.TB) (a, b *verbs.Context) {
 		return open(t, newUDPDevice(t, softhca.Config{})), open(t, newUDPDevice(t, softhca.Config{}))
 	}},
+	// Memory reached as Go memory in a device's clients in other
+	// processes is: with process_vm_readv/writev.
+	{Name: "two-devices-udp-processmem", Open: func(t testing.TB) (a, b *verbs.Context) {
+		da, db := newUDPDevice(t, softhca.Config{}), newUDPDevice(t, softhca.Config{})
+		da.ReachMemoryThroughProcess()
+		db.ReachMemoryThroughProcess()
+		return open(t, da), open(t, db)
+	}},
 	{Name: "two-devices-udp-nospin", Open: func(t testing.TB) (a, b *verbs.Context) {
 		return open(t, newUDPDevice(t, softhca.Config{SpinIdle: -1})), open(t, newUDPDevice(t, softhca.Config{SpinIdle: -1}))
 	}},

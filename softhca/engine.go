@@ -68,9 +68,10 @@ type engine struct {
 	warmAddrs []uintptr
 	warmQPs   []warmQP
 	// Scratch space of the packets of a run a round reads from memory at
-	// once (sendReads), and of their payloads.
-	runPkts []*roce.Packet
-	runBufs [][]byte
+	// once (sendReads, sendRequests), and of their payloads.
+	runPkts    []*roce.Packet
+	runBufs    [][]byte
+	gatherBufs [][]byte // gatherRun's pieces of runBufs for one region
 	// run is the READ response payloads waiting to be written at once.
 	run writeRun
 }

@@ -51,11 +51,12 @@ func TestLossyLink(t *testing.T) {
 	lossyLink(t, n, false)
 }
 
-// TestLossyLinkThroughProcess is TestLossyLink with fewer SENDs, where the
-// devices reach the memory regions with process_vm_readv/writev, as they
-// reach Go memory in other processes: READ responses are read and written
-// in runs of packets (writerun.go), through the same loss, duplication and
-// reordering.
+// TestLossyLinkThroughProcess is TestLossyLink with fewer SENDs, each from
+// two pieces of memory, where the devices reach the memory regions with
+// process_vm_readv/writev, as they reach Go memory in other processes:
+// requests and READ responses are read, and READ responses written, in
+// runs of packets (sendRequests, sendReads, writerun.go), through the same
+// loss, duplication and reordering.
 func TestLossyLinkThroughProcess(t *testing.T) {
 	n := 200
 	if testing.Short() {
@@ -97,8 +98,15 @@ func lossyLink(t *testing.T, n int, viaProcess bool) {
 			}
 			binary.LittleEndian.PutUint64(slot, uint64(sent))
 			sizes[sent], sums[sent] = size, crc64.Checksum(slot, crcTable)
+			sg := []verbs.SGE{pa.MR.SGE((sent%slots)*maxSize, size)}
+			if viaProcess {
+				// Two pieces, so that runs of packets read from
+				// memory start and end inside them.
+				third := size / 3
+				sg = []verbs.SGE{pa.MR.SGE((sent%slots)*maxSize, third), pa.MR.SGE((sent%slots)*maxSize+third, size-third)}
+			}
 			if err := pa.QP.PostSend(&verbs.SendWR{WRID: uint64(sent), Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
-				SG: []verbs.SGE{pa.MR.SGE((sent%slots)*maxSize, size)}}); err != nil {
+				SG: sg}); err != nil {
 				t.Fatal(err)
 			}
 			sent++

@@ -289,10 +289,12 @@ func (d *Device) pump(q *qp) {
 			}
 		}
 		for w.sent < w.npkts && roce.PSNDiff((w.psn+w.sent)&roce.PSNMask, r.acked) <= int32(r.cwnd) {
-			if !d.sendRequest(q, w, w.sent) {
+			// The packets the window allows from here on, up to a run.
+			n := min(w.npkts-w.sent, uint32(int32(r.cwnd)-roce.PSNDiff((w.psn+w.sent)&roce.PSNMask, r.acked))+1, maxRun)
+			if !d.sendRequests(q, w, w.sent, n) {
 				return // a local error: the QP is in the error state
 			}
-			w.sent++
+			w.sent += n
 		}
 		if w.sent < w.npkts {
 			break
@@ -397,6 +399,38 @@ func (m *mr) contains(va, n uint64) bool {
 // sendRequest sends packet k of w. It reports false if the request's
 // memory could not be read, which put the QP in the error state.
 func (d *Device) sendRequest(q *qp, w *swqe, k uint32) bool {
+	return d.sendRequests(q, w, k, 1)
+}
+
+// maxRun is the most packets of one message the device reads from memory
+// with one system call (process_vm_readv's buffers), when the memory is in
+// another process.
+const maxRun = 64
+
+// sendRequests sends packets k to k+n-1 of w, reading their data from
+// memory at once (gatherRun). It reports false if the request's memory
+// could not be read, which put the QP in the error state; none of the
+// packets is sent then.
+func (d *Device) sendRequests(q *qp, w *swqe, k, n uint32) bool {
+	ps, bufs := d.eng.runPkts[:0], d.eng.runBufs[:0]
+	for i := k; i < k+n; i++ {
+		p := d.buildRequest(q, w, i)
+		if w.class == classSend || w.class == classWrite {
+			bufs = append(bufs, p.Payload)
+		}
+		ps = append(ps, p)
+	}
+	ok := len(bufs) == 0 || d.gatherRun(w, k*q.mtu(), bufs)
+	d.eng.endPacketRun(ps, bufs, ok)
+	if !ok {
+		d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
+	}
+	return ok
+}
+
+// buildRequest makes packet k of w, all but the data of a SEND or WRITE:
+// its payload has the length it will have, for the caller to fill.
+func (d *Device) buildRequest(q *qp, w *swqe, k uint32) *roce.Packet {
 	r := &q.req
 	p := d.newPacket(q)
 	p.PSN = (w.psn + k) & roce.PSNMask
@@ -425,11 +459,6 @@ func (d *Device) sendRequest(q *qp, w *swqe, k uint32) bool {
 			p.AckReq = true
 		}
 		p.Payload = p.Payload[:n]
-		if !d.gather(w, off, p.Payload) {
-			d.eng.pkts.put(p)
-			d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
-			return false
-		}
 		// Ask for an acknowledgement now and then inside long messages, so
 		// that the send window keeps moving.
 		// and when it fills the window.
@@ -458,8 +487,7 @@ func (d *Device) sendRequest(q *qp, w *swqe, k uint32) bool {
 		p.Opcode |= roce.TransportXRC
 		p.XRCSRQ = w.w.RemoteSRQN
 	}
-	d.eng.send(p)
-	return true
+	return p
 }
 
 // messageOpcode picks the SEND or RDMA WRITE opcode of a packet by its place
@@ -501,6 +529,54 @@ func (d *Device) newPacket(q *qp) *roce.Packet {
 	p.DestQP = q.destQPN
 	p.PKey = 0xffff
 	return p
+}
+
+// gatherRun fills the buffers of bufs in turn with the request's data from
+// byte off, as gather would their concatenation, reading each region's
+// part with one call (mr.readv). It reports false if a region could not
+// be read.
+func (d *Device) gatherRun(w *swqe, off uint32, bufs [][]byte) bool {
+	if len(bufs) == 1 || w.w.HasInline {
+		for _, b := range bufs {
+			if !d.gather(w, off, b) {
+				return false
+			}
+			off += uint32(len(b))
+		}
+		return true
+	}
+	part := d.eng.gatherBufs[:0]
+	defer func() { clear(part); d.eng.gatherBufs = part[:0] }()
+	for _, s := range w.sg {
+		if len(bufs) == 0 {
+			break
+		}
+		if off >= s.n {
+			off -= s.n
+			continue
+		}
+		// The buffers, or their parts, that this element's bytes from
+		// off fill.
+		part = part[:0]
+		room := s.n - off
+		for room > 0 && len(bufs) > 0 {
+			b := bufs[0]
+			if uint32(len(b)) > room {
+				part = append(part, b[:room])
+				bufs[0] = b[room:]
+				room = 0
+				break
+			}
+			part = append(part, b)
+			room -= uint32(len(b))
+			bufs = bufs[1:]
+		}
+		if !s.m.readv(s.va+uint64(off), part) {
+			return false
+		}
+		off = 0
+	}
+	return len(bufs) == 0
 }
 
 // gather copies len(dst) bytes of the request's data, from byte off. It

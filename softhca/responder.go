@@ -520,16 +520,7 @@ func (d *Device) sendReads(q *qp) bool {
 			ok = ok && m.readv(r.va+uint64(r.next*mtu), bufs)
 		}
 		psn := ps[0].PSN
-		for _, p := range ps {
-			if ok {
-				d.eng.send(p)
-			} else {
-				d.eng.pkts.put(p)
-			}
-		}
-		clear(ps)
-		clear(bufs)
-		d.eng.runPkts, d.eng.runBufs = ps[:0], bufs[:0]
+		d.eng.endPacketRun(ps, bufs, ok)
 		if !ok {
 			// The NAK is for this READ: the later ones, and a NAK that
 			// was to follow them, are dropped.
