@@ -26,8 +26,8 @@ var benchEnvs = []verbstest.Env{
 	{Name: "two-devices-udp", Open: func(t testing.TB) (a, b *verbs.Context) {
 		return open(t, newUDPDevice(t, softhca.Config{})), open(t, newUDPDevice(t, softhca.Config{}))
 	}},
-	// Memory reached as Go memory in a device's clients in other
-	// processes is: with process_vm_readv/writev.
+	// Two devices that reach their clients' memory with
+	// process_vm_readv/writev, as they reach Go memory in other processes.
 	{Name: "two-devices-udp-processmem", Open: func(t testing.TB) (a, b *verbs.Context) {
 		da, db := newUDPDevice(t, softhca.Config{}), newUDPDevice(t, softhca.Config{})
 		da.ReachMemoryThroughProcess()

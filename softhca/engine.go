@@ -195,6 +195,22 @@ func (e *engine) schedule(q *qp) {
 	e.kick()
 }
 
+// endPacketRun sends the packets of a run built in e.runPkts and read into
+// through e.runBufs, in order, if send; else returns them to the cache. It
+// gives the scratch space back.
+func (e *engine) endPacketRun(ps []*roce.Packet, bufs [][]byte, send bool) {
+	for _, p := range ps {
+		if send {
+			e.send(p)
+		} else {
+			e.pkts.put(p)
+		}
+	}
+	clear(ps)
+	clear(bufs)
+	e.runPkts, e.runBufs = ps[:0], bufs[:0]
+}
+
 // pollBudget is how many datagrams the engine reads from its socket in a
 // round, so that a flood cannot starve the rest of its work.
 const pollBudget = 64

@@ -75,12 +75,17 @@ type rig struct {
 func newRig(t *testing.T) *rig { return newRigWith(t, verbstest.Options{}) }
 
 // newRigWith is newRig with the QP's attributes changed by opt.
-func newRigWith(t *testing.T, opt verbstest.Options) *rig {
+func newRigWith(t *testing.T, opt verbstest.Options) *rig { return newRigAll(t, opt, false) }
+
+// newRigAll is newRigWith, where the device reaches the client's memory
+// with process_vm_readv/writev if noViews (Device.noViews).
+func newRigAll(t *testing.T, opt verbstest.Options, noViews bool) *rig {
 	f := NewFabric()
 	d, err := New(context.Background(), Config{Name: "rv0", Addr: netip.MustParseAddr("127.7.0.1"), Fabric: f})
 	if err != nil {
 		t.Fatal(err)
 	}
+	d.noViews = noViews
 	t.Cleanup(func() { d.Close() })
 	r := &rig{d: d, sink: newSink(t, f, "127.7.0.2")}
 	if r.ctx, err = d.Open(verbs.Config{}); err != nil {
@@ -99,7 +104,7 @@ func newRigWith(t *testing.T, opt verbstest.Options) *rig {
 		t.Fatal(err)
 	}
 	if r.qp, err = r.pd.CreateQP(&verbs.QPInitAttr{Type: verbs.QPTRC, SendCQ: r.cq, RecvCQ: r.cq,
-		Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+		Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 3, MaxRecvSGE: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	verbstest.BringUpWith(t, r.qp, r.sink.gid, 0x999, opt)

@@ -284,7 +284,7 @@ func (d *Device) pump(q *qp) {
 			// One request packet; the responses take up the rest of
 			// the PSNs.
 			if w.sent == 0 {
-				d.sendRequest(q, w, 0)
+				d.sendRequests(q, w, 0, 1) // no data to read: cannot fail
 				w.sent = w.npkts
 			}
 		}
@@ -396,15 +396,10 @@ func (m *mr) contains(va, n uint64) bool {
 	return va >= m.iova && va-m.iova <= m.length && n <= m.length-(va-m.iova)
 }
 
-// sendRequest sends packet k of w. It reports false if the request's
-// memory could not be read, which put the QP in the error state.
-func (d *Device) sendRequest(q *qp, w *swqe, k uint32) bool {
-	return d.sendRequests(q, w, k, 1)
-}
-
-// maxRun is the most packets of one message the device reads from memory
-// with one system call (process_vm_readv's buffers), when the memory is in
-// another process.
+// maxRun is the most packets of one message sendRequests builds at once,
+// and reads with one call per region of the message's memory (one
+// process_vm_readv when the memory is in another process). It must not
+// exceed the buffers such a call takes (internal/unix's maxVMIovecs).
 const maxRun = 64
 
 // sendRequests sends packets k to k+n-1 of w, reading their data from
@@ -460,8 +455,8 @@ func (d *Device) buildRequest(q *qp, w *swqe, k uint32) *roce.Packet {
 		}
 		p.Payload = p.Payload[:n]
 		// Ask for an acknowledgement now and then inside long messages, so
-		// that the send window keeps moving.
-		// and when it fills the window.
+		// that the send window keeps moving, and when the packet fills the
+		// window.
 		p.AckReq = p.AckReq || p.PSN%ackEvery == ackEvery-1 ||
 			roce.PSNDiff(p.PSN, r.acked) >= int32(r.cwnd)
 	case classRead:
@@ -546,7 +541,7 @@ func (d *Device) gatherRun(w *swqe, off uint32, bufs [][]byte) bool {
 		return true
 	}
 	part := d.eng.gatherBufs[:0]
-	defer func() { clear(part); d.eng.gatherBufs = part[:0] }()
+	defer func() { clear(part[:cap(part)]); d.eng.gatherBufs = part[:0] }()
 	for _, s := range w.sg {
 		if len(bufs) == 0 {
 			break

@@ -35,22 +35,6 @@ type writeRun struct {
 	next uint32 // the PSN of the response packet that would continue it
 }
 
-// endPacketRun sends the packets of a run built in e.runPkts and read into
-// through e.runBufs, in order, if send; else returns them to the cache. It
-// gives the scratch space back.
-func (e *engine) endPacketRun(ps []*roce.Packet, bufs [][]byte, send bool) {
-	for _, p := range ps {
-		if send {
-			e.send(p)
-		} else {
-			e.pkts.put(p)
-		}
-	}
-	clear(ps)
-	clear(bufs)
-	e.runPkts, e.runBufs = ps[:0], bufs[:0]
-}
-
 // continues reports whether p is the next response packet of the run's
 // READ, which the run may take. It does not look at the source: a stray
 // packet with the right QP number and PSN from elsewhere neither ends the

@@ -368,8 +368,8 @@ func testGoMemory(t *testing.T, env Env) {
 		t.Fatal("data from Go memory differs")
 	}
 
-	// A SEND gathered from three pieces of Go memory out of order, whose
-	// packets take bytes of two pieces each.
+	// A SEND gathered from three pieces of Go memory out of order, two of
+	// whose five packets take bytes of two pieces.
 	check(t, p.b.qp.PostRecv(&verbs.RecvWR{WRID: 5, SG: []verbs.SGE{p.b.mr.SGE(0, 8192)}}))
 	check(t, p.a.qp.PostSend(&verbs.SendWR{WRID: 6, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
 		SG: []verbs.SGE{mr.SGE(3500, 1500), mr.SGE(100, 2500), mr.SGE(2600, 900)}}))
