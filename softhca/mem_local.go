@@ -23,12 +23,25 @@ import (
 // while registered). Command responses go through process_vm_writev on the
 // process itself, which fails cleanly on a bad address.
 type localMemory struct {
-	pid     int
+	processMemory
 	noViews bool // reach regions with process_vm_readv/writev (Device.noViews)
 	queueTable
 }
 
-func newLocalMemory() *localMemory { return &localMemory{pid: os.Getpid()} }
+func newLocalMemory() *localMemory { return &localMemory{processMemory: processMemory{os.Getpid()}} }
+
+// processMemory reaches the memory of process pid with
+// process_vm_readv/writev: the read, write, readv and writev of memory.
+type processMemory struct{ pid int }
+
+func (m processMemory) read(addr uint64, b []byte) error  { return unix.ProcessVMRead(m.pid, b, addr) }
+func (m processMemory) write(addr uint64, b []byte) error { return unix.ProcessVMWrite(m.pid, b, addr) }
+func (m processMemory) readv(addr uint64, bs [][]byte) error {
+	return unix.ProcessVMReadVec(m.pid, bs, addr)
+}
+func (m processMemory) writev(addr uint64, bs [][]byte) error {
+	return unix.ProcessVMWriteVec(m.pid, bs, addr)
+}
 
 func (m *localMemory) region(addr, n uint64, write bool) ([]byte, error) {
 	if err := checkMapped(m.pid, addr, n, write); err != nil {
@@ -40,11 +53,9 @@ func (m *localMemory) region(addr, n uint64, write bool) ([]byte, error) {
 	return unix.Bytes(uintptr(addr), int(n)), nil
 }
 
-func (m *localMemory) read(addr uint64, b []byte) error  { return unix.ProcessVMRead(m.pid, b, addr) }
-func (m *localMemory) write(addr uint64, b []byte) error { return unix.ProcessVMWrite(m.pid, b, addr) }
-func (m *localMemory) close()                            {}
-func (m *localMemory) hold([]byte)                       {}
-func (m *localMemory) release([]byte)                    {}
+func (m *localMemory) close()         {}
+func (m *localMemory) hold([]byte)    {}
+func (m *localMemory) release([]byte) {}
 
 // checkMapped verifies against /proc/<pid>/maps that [addr, addr+n) is
 // mapped in process pid, readable, and writable if write is set, as the
@@ -90,11 +101,3 @@ func checkMapped(pid int, addr, n uint64, write bool) error {
 
 func putNE64(b []byte, v uint64) { binary.NativeEndian.PutUint64(b, v) }
 func putNE32(b []byte, v uint32) { binary.NativeEndian.PutUint32(b, v) }
-
-func (m *localMemory) readv(addr uint64, bs [][]byte) error {
-	return unix.ProcessVMReadVec(m.pid, bs, addr)
-}
-
-func (m *localMemory) writev(addr uint64, bs [][]byte) error {
-	return unix.ProcessVMWriteVec(m.pid, bs, addr)
-}

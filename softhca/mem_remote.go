@@ -21,7 +21,7 @@ import (
 // process_vm_readv/writev otherwise; both fail cleanly if the memory or the
 // process went away.
 type remoteMemory struct {
-	pid int
+	processMemory
 	queueTable
 
 	// Guarded by queueTable.mu.
@@ -132,9 +132,6 @@ func (m *remoteMemory) addShared(addr uint64, b []byte, ino uint64) {
 	m.shared = slices.Insert(m.shared, i, &sharedRegion{addr: addr, b: b, ino: ino})
 }
 
-func (m *remoteMemory) read(addr uint64, b []byte) error  { return unix.ProcessVMRead(m.pid, b, addr) }
-func (m *remoteMemory) write(addr uint64, b []byte) error { return unix.ProcessVMWrite(m.pid, b, addr) }
-
 // close unmaps every mapping. The client's objects are destroyed by then.
 func (m *remoteMemory) close() {
 	for _, s := range m.takeAll() {
@@ -171,12 +168,4 @@ func (m *remoteMemory) probe(addr uint64, nonce []byte) error {
 		return unix.Error(unix.EFAULT, fmt.Sprintf("the probe at %#x of pid %d does not hold the nonce: is the client in another PID namespace?", addr, m.pid))
 	}
 	return nil
-}
-
-func (m *remoteMemory) readv(addr uint64, bs [][]byte) error {
-	return unix.ProcessVMReadVec(m.pid, bs, addr)
-}
-
-func (m *remoteMemory) writev(addr uint64, bs [][]byte) error {
-	return unix.ProcessVMWriteVec(m.pid, bs, addr)
 }

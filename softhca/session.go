@@ -182,7 +182,7 @@ func (s *session) hello(body []byte) (int, error) {
 	if h.version != protoVersion {
 		return -1, unix.Errorf(unix.EPROTO, "client speaks version %d of the device protocol, the device %d", h.version, protoVersion)
 	}
-	mem := &remoteMemory{pid: s.cred.PID}
+	mem := &remoteMemory{processMemory: processMemory{s.cred.PID}}
 	if err := mem.probe(h.probe, h.nonce[:]); err != nil {
 		return -1, err
 	}

@@ -145,20 +145,7 @@ func Bytes(addr uintptr, n int) []byte {
 // ProcessVMRead copies len(local) bytes from remote address addr of process
 // pid into local.
 func ProcessVMRead(pid int, local []byte, addr uint64) error {
-	if len(local) == 0 {
-		return nil
-	}
-	l := []unix.Iovec{{Base: &local[0]}}
-	l[0].SetLen(len(local))
-	r := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(local)}}
-	n, err := unix.ProcessVMReadv(pid, l, r, 0)
-	if err != nil {
-		return Errorf(asErrno(err), "process_vm_readv of %d bytes at %#x in pid %d", len(local), addr, pid)
-	}
-	if n != len(local) {
-		return Errorf(EFAULT, "process_vm_readv: %d of %d bytes at %#x in pid %d", n, len(local), addr, pid)
-	}
-	return nil
+	return processVMVec(pid, [][]byte{local}, addr, false)
 }
 
 // maxVMIovecs bounds the local buffers, empty ones included, that one
@@ -236,20 +223,7 @@ func vmIovecs(l []unix.Iovec, bs [][]byte) ([]unix.Iovec, int) {
 
 // ProcessVMWrite copies local to remote address addr of process pid.
 func ProcessVMWrite(pid int, local []byte, addr uint64) error {
-	if len(local) == 0 {
-		return nil
-	}
-	l := []unix.Iovec{{Base: &local[0]}}
-	l[0].SetLen(len(local))
-	r := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(local)}}
-	n, err := unix.ProcessVMWritev(pid, l, r, 0)
-	if err != nil {
-		return Errorf(asErrno(err), "process_vm_writev of %d bytes at %#x in pid %d", len(local), addr, pid)
-	}
-	if n != len(local) {
-		return Errorf(EFAULT, "process_vm_writev: %d of %d bytes at %#x in pid %d", n, len(local), addr, pid)
-	}
-	return nil
+	return processVMVec(pid, [][]byte{local}, addr, true)
 }
 
 // Socketpair returns a connected pair of close-on-exec unix sockets of the
