@@ -288,9 +288,13 @@ func (d *Device) pump(q *qp) {
 				w.sent = w.npkts
 			}
 		}
-		for w.sent < w.npkts && roce.PSNDiff((w.psn+w.sent)&roce.PSNMask, r.acked) <= int32(r.cwnd) {
+		for w.sent < w.npkts {
 			// The packets the window allows from here on, up to a run.
-			n := min(w.npkts-w.sent, uint32(int32(r.cwnd)-roce.PSNDiff((w.psn+w.sent)&roce.PSNMask, r.acked))+1, maxRun)
+			ahead := roce.PSNDiff((w.psn+w.sent)&roce.PSNMask, r.acked)
+			if ahead > int32(r.cwnd) {
+				break
+			}
+			n := min(w.npkts-w.sent, uint32(int32(r.cwnd)-ahead)+1, maxRun)
 			if !d.sendRequests(q, w, w.sent, n) {
 				return // a local error: the QP is in the error state
 			}
@@ -398,8 +402,8 @@ func (m *mr) contains(va, n uint64) bool {
 
 // maxRun is the most packets of one message sendRequests builds at once,
 // and reads with one call per region of the message's memory (one
-// process_vm_readv when the memory is in another process). It must not
-// exceed the buffers such a call takes (internal/unix's maxVMIovecs).
+// process_vm_readv when the memory is in another process, which takes up
+// to 64 buffers: internal/unix's maxVMIovecs).
 const maxRun = 64
 
 // sendRequests sends packets k to k+n-1 of w, reading their data from

@@ -51,22 +51,23 @@ func (r *writeRun) continues(p *roce.Packet) bool {
 // run. It reports false if memory could not be written.
 func (d *Device) placeRead(q *qp, w *swqe, p *roce.Packet) bool {
 	r := &d.eng.run
-	if r.q == nil && len(w.sg) == 1 && w.sg[0].m.view != nil {
-		return scatter(w.sg, w.rdGot, p.Payload) // memory the device reaches directly
-	}
 	n := uint32(len(p.Payload))
 	s, off, ok := sgeAt(w.sg, w.rdGot)
-	if !ok || n == 0 || off+n > s.n || s.m.view != nil || s.m.dead || inStorage(p) {
-		if _, _, ok := d.flushRun(); !ok {
-			return false
-		}
-		return scatter(w.sg, w.rdGot, p.Payload)
+	// A payload joins the run if it lies in one element's memory, which
+	// the device reaches through another process, outside its packet.
+	join := ok && n > 0 && off+n <= s.n && s.m.view == nil && !s.m.dead && !inStorage(p)
+	var mem memory
+	var addr uint64
+	if join {
+		mem, addr = s.m.client.mem, s.m.addr+(s.va+uint64(off)-s.m.iova)
 	}
-	mem, addr := s.m.client.mem, s.m.addr+(s.va+uint64(off)-s.m.iova)
-	if r.q != nil && (r.q != q || r.w != w || r.mem != mem || r.addr+r.n != addr) {
+	if r.q != nil && !(join && r.q == q && r.w == w && r.mem == mem && r.addr+r.n == addr) {
 		if _, _, ok := d.flushRun(); !ok {
 			return false
 		}
+	}
+	if !join {
+		return scatter(w.sg, w.rdGot, p.Payload)
 	}
 	if r.q == nil {
 		r.mem, r.addr, r.n, r.q, r.w = mem, addr, 0, q, w
