@@ -48,6 +48,26 @@ func (m *mr) readv(va uint64, dsts [][]byte) bool {
 	return m.client.mem.readv(m.addr+off, dsts) == nil
 }
 
+// lend points the payloads of ps, in turn, at the region's bytes from va
+// instead of copying the bytes into them, when the device maps the region
+// (its view): the link then sends the data from there, and the only copy is
+// the kernel's into the socket buffer. A borrowed payload stays valid
+// while the device mutex is held, which it is until the round's packets
+// are sent; a packet kept longer gets its own copy (own). lend reports
+// false, and changes nothing, for a region it cannot lend from.
+func (m *mr) lend(va uint64, ps []*roce.Packet) bool {
+	if m.dead || m.view == nil {
+		return false
+	}
+	at := va - m.iova
+	for _, p := range ps {
+		end := at + uint64(len(p.Payload))
+		p.Payload = m.view[at:end:end]
+		at = end
+	}
+	return true
+}
+
 // write copies src to va of the region.
 func (m *mr) write(va uint64, src []byte) bool {
 	if m.dead {

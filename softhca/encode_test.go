@@ -4,13 +4,15 @@ import (
 	"bytes"
 	"net/netip"
 	"testing"
+	"unsafe"
 
 	"github.com/xrcrun/xrc/softhca/roce"
 )
 
 // TestEncodeInPlace checks that a packet whose payload sits in its storage
-// is encoded in place into the same bytes the appending encoder gives, and
-// that the device on the other end accepts the datagram.
+// is encoded in place into the same bytes as one whose payload is elsewhere
+// (sent from where it is, between headers and pad in l.wbuf), and that the
+// device on the other end accepts the datagram.
 func TestEncodeInPlace(t *testing.T) {
 	src := netip.MustParseAddr("127.0.9.1")
 	dst := netip.MustParseAddr("127.0.9.2")
@@ -29,20 +31,27 @@ func TestEncodeInPlace(t *testing.T) {
 			for i := range p.Payload {
 				p.Payload[i] = byte(i * 7)
 			}
-			l.wbuf = l.wbuf[:0]
-			inPlace := append([]byte(nil), l.encode(p, dst)...)
-			if len(l.wbuf) != 0 {
-				t.Fatalf("%v/%d: encoded by appending, not in place", op, n)
+			l.wbuf, l.iov = l.wbuf[:0], l.iov[:0]
+			size := l.encode(p, dst)
+			if len(l.wbuf) != 0 || len(l.iov) != 1 || len(l.iov[0]) != size || size != p.Len() {
+				t.Fatalf("%v/%d: not encoded in place: %d buffers, %d bytes aside, length %d of %d",
+					op, n, len(l.iov), len(l.wbuf), size, p.Len())
 			}
-			// The same packet with its payload elsewhere is appended.
+			inPlace := bytes.Clone(l.iov[0])
+			// The same packet with its payload elsewhere: the payload
+			// is sent from there, between headers and pad.
 			q := *p
 			q.Storage = nil
-			q.Payload = append([]byte(nil), p.Payload...)
-			appended := l.encode(&q, dst)
-			if !bytes.Equal(inPlace, appended) {
-				t.Fatalf("%v/%d: in place % x\nappended % x", op, n, inPlace, appended)
+			q.Payload = bytes.Clone(p.Payload)
+			l.iov = l.iov[:0]
+			size = l.encode(&q, dst)
+			if len(l.iov) != 3 || unsafe.SliceData(l.iov[1]) != unsafe.SliceData(q.Payload) && n > 0 {
+				t.Fatalf("%v/%d: payload not sent from where it is", op, n)
 			}
-			got := receiver.parseDatagram(inPlace, netip.AddrPortFrom(src, l.txPort), new([48]byte), nil)
+			if gathered := bytes.Join(l.iov, nil); size != len(gathered) || !bytes.Equal(inPlace, gathered) {
+				t.Fatalf("%v/%d: in place % x\ngathered (%d) % x", op, n, inPlace, size, gathered)
+			}
+			got := receiver.parseDatagram(inPlace, netip.AddrPortFrom(src, l.txPort), new(datagramScratch), nil)
 			if got == nil {
 				t.Fatalf("%v/%d: receiver rejected the datagram", op, n)
 			}

@@ -9,9 +9,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/xrcrun/xrc/internal/mlx4hw"
 	"github.com/xrcrun/xrc/internal/qpstate"
+	"github.com/xrcrun/xrc/internal/racedma"
 	"github.com/xrcrun/xrc/internal/unix"
 	"github.com/xrcrun/xrc/softhca/roce"
 )
@@ -134,7 +136,10 @@ func (e *engine) kick() {
 }
 
 // deliver queues a packet for the device; the device owns it from now on.
+// A payload borrowed from a region is copied into the packet first: the
+// device may not get to it before the region is gone.
 func (e *engine) deliver(p *roce.Packet) {
+	own(p)
 	e.qmu.Lock()
 	e.rx = append(e.rx, p)
 	e.qmu.Unlock()
@@ -237,10 +242,13 @@ func (e *engine) loop() {
 		e.qmu.Unlock()
 		e.rxWork = e.d.link.poll(e.rxWork, pollBudget)
 
+		// The round's packets leave before the device mutex is let go:
+		// their payloads may be borrowed from regions (borrowRun), which
+		// no command can take away while it is held.
 		e.d.mu.Lock()
 		worked := e.round()
-		e.d.mu.Unlock()
 		e.flushOut()
+		e.d.mu.Unlock()
 
 		// A round that found work is accounted for when the next one
 		// starts (one always follows it), with the clock reading each
@@ -589,6 +597,28 @@ func freshPacket(p *roce.Packet) *roce.Packet {
 	st := p.Storage
 	*p = roce.Packet{Storage: st, Payload: st[pktHeadroom:pktHeadroom]}
 	return p
+}
+
+// inStorage reports whether p's payload lies in the packet's own storage.
+func inStorage(p *roce.Packet) bool {
+	st := p.Storage[:cap(p.Storage)]
+	if len(st) == 0 || len(p.Payload) == 0 {
+		return false
+	}
+	d := uintptr(unsafe.Pointer(unsafe.SliceData(p.Payload))) - uintptr(unsafe.Pointer(unsafe.SliceData(st)))
+	return d < uintptr(len(st))
+}
+
+// own copies a payload that lies outside the packet's storage (borrowed
+// from a region, or in a link's receive buffer) into the storage, for a
+// packet kept beyond the round.
+func own(p *roce.Packet) {
+	if len(p.Payload) == 0 || inStorage(p) {
+		return
+	}
+	st := p.Storage[:cap(p.Storage)]
+	p.Payload = append(st[pktHeadroom:pktHeadroom], p.Payload...)
+	racedma.Release()
 }
 
 // putPacket returns a packet to the shared pool.

@@ -86,6 +86,7 @@ func (fl *faulter) apply(d *Device, p *roce.Packet, out []*roce.Packet) []*roce.
 		return out
 	case r.Float64() < f.Delay:
 		d.counters.FaultDelays.Add(1)
+		own(p)
 		d.clock.AfterFunc(f.DelayBy, func() { d.transmit([]*roce.Packet{p}, nil) })
 		return out
 	}

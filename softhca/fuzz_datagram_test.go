@@ -215,7 +215,7 @@ type dgWorld struct {
 	scq, rcq *verbs.CQ
 	cqErrs   atomic.Int64 // CQ_ERR events: a CQ overran
 	objs     Objects      // the device's objects between inputs
-	hdr      [48]byte
+	scratch  datagramScratch
 	broken   bool // an input failed: what it left behind would fail the next
 }
 
@@ -703,7 +703,7 @@ func (w *dgWorld) datagram(in *dgInput, flags byte, body []byte) ([]byte, netip.
 	}
 	if flags&dgRaw == 0 {
 		if len(b) >= roce.BTHLen {
-			ip, udp := roce.PseudoHeaders(w.hdr[:], src, dgDevAddr, dgSrcPort, len(b))
+			ip, udp := roce.PseudoHeaders(w.scratch.hdr[:], src, dgDevAddr, dgSrcPort, len(b))
 			b = binary.LittleEndian.AppendUint32(b, roce.ICRC(ip, udp, b))
 		} else {
 			b = append(b, 0, 0, 0, 0) // too short to have an ICRC
@@ -731,7 +731,7 @@ func (w *dgWorld) sendBurst(t testing.TB, in *dgInput, burst [][]byte, flags []b
 	for k, rec := range burst {
 		b, from := w.datagram(in, flags[k], rec)
 		c1 := w.counters()
-		p := w.d.parseDatagram(b, from, &w.hdr, nil)
+		p := w.d.parseDatagram(b, from, &w.scratch, nil)
 		c2 := w.counters()
 		if p == nil {
 			diff := counterDiff(c1, c2)

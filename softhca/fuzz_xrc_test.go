@@ -55,7 +55,7 @@ type xfWorld struct {
 	cq, cqF        *verbs.CQ
 	x, xF          *verbs.XRCD
 	objs           Objects
-	hdr            [48]byte
+	scratch        datagramScratch
 }
 
 func newXFWorld(tb testing.TB) *xfWorld {
@@ -180,7 +180,7 @@ func (w *xfWorld) datagram(in *xfInput, flags byte, body []byte) []byte {
 	if len(b) < roce.BTHLen {
 		return append(b, 0, 0, 0, 0) // too short to have an ICRC
 	}
-	ip, udp := roce.PseudoHeaders(w.hdr[:], xfPeerAddr, xfDevAddr, dgSrcPort, len(b))
+	ip, udp := roce.PseudoHeaders(w.scratch.hdr[:], xfPeerAddr, xfDevAddr, dgSrcPort, len(b))
 	return binary.LittleEndian.AppendUint32(b, roce.ICRC(ip, udp, b))
 }
 
@@ -200,7 +200,7 @@ func (w *xfWorld) run(t *testing.T, s []byte) int {
 		f, n := s[0], min(int(binary.LittleEndian.Uint16(s[1:])), len(s)-3)
 		b := w.datagram(in, f, s[3:3+n])
 		s = s[3+n:]
-		if p := w.d.parseDatagram(b, netip.AddrPortFrom(xfPeerAddr, dgSrcPort), &w.hdr, nil); p != nil {
+		if p := w.d.parseDatagram(b, netip.AddrPortFrom(xfPeerAddr, dgSrcPort), &w.scratch, nil); p != nil {
 			ps = append(ps, p)
 		}
 		if len(ps) == 64 {

@@ -412,14 +412,15 @@ const maxRun = 64
 // packets is sent then.
 func (d *Device) sendRequests(q *qp, w *swqe, k, n uint32) bool {
 	ps, bufs := d.eng.runPkts[:0], d.eng.runBufs[:0]
+	data := w.class == classSend || w.class == classWrite
 	for i := k; i < k+n; i++ {
 		p := d.buildRequest(q, w, i)
-		if w.class == classSend || w.class == classWrite {
+		if data {
 			bufs = append(bufs, p.Payload)
 		}
 		ps = append(ps, p)
 	}
-	ok := len(bufs) == 0 || d.gatherRun(w, k*q.mtu(), bufs)
+	ok := !data || borrowRun(w, k*q.mtu(), ps) || d.gatherRun(w, k*q.mtu(), bufs)
 	d.eng.endPacketRun(ps, bufs, ok)
 	if !ok {
 		d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
@@ -528,6 +529,25 @@ func (d *Device) newPacket(q *qp) *roce.Packet {
 	p.DestQP = q.destQPN
 	p.PKey = 0xffff
 	return p
+}
+
+// borrowRun points the payloads of a run of packets, from byte off of w's
+// data, at the data itself (mr.lend) when all of it lies in one region the
+// device maps. It reports false, and changes nothing, for data it cannot
+// borrow.
+func borrowRun(w *swqe, off uint32, ps []*roce.Packet) bool {
+	if w.w.HasInline {
+		return false
+	}
+	s, o, ok := sgeAt(w.sg, off)
+	if !ok {
+		return false
+	}
+	var n uint32
+	for _, p := range ps {
+		n += uint32(len(p.Payload))
+	}
+	return n <= s.n-o && s.m.lend(s.va+uint64(o), ps)
 }
 
 // gatherRun fills the buffers of bufs in turn with the request's data from

@@ -517,7 +517,8 @@ func (d *Device) sendReads(q *qp) bool {
 			// request came (or since the duplicate asking for it again).
 			var m *mr
 			m, ok = d.remoteMR(q, r.pd, r.rkey, r.va, uint64(r.length), accRemoteRead)
-			ok = ok && m.readv(r.va+uint64(r.next*mtu), bufs)
+			va := r.va + uint64(r.next*mtu)
+			ok = ok && (m.lend(va, ps) || m.readv(va, bufs))
 		}
 		psn := ps[0].PSN
 		d.eng.endPacketRun(ps, bufs, ok)

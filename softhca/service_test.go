@@ -33,6 +33,9 @@ func TestMain(m *testing.M) {
 	if name := os.Getenv(envXRCClient); name != "" {
 		os.Exit(xrcClientForTest(name))
 	}
+	if names := os.Getenv(envStreamer); names != "" {
+		os.Exit(streamerForTest(names))
+	}
 	os.Exit(m.Run())
 }
 

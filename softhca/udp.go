@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/xrcrun/xrc/internal/racedma"
 	"github.com/xrcrun/xrc/internal/unix"
 	"github.com/xrcrun/xrc/softhca/roce"
 )
@@ -46,14 +47,21 @@ type udpLink struct {
 	tx       *unix.UDPSender
 	iov      [][]byte // the datagrams of one send
 	wbuf     []byte   // datagrams encoded out of their packets' storage
-	hdr      [48]byte
+	scratch  datagramScratch
 	hscratch [64]byte
 
-	rx    *unix.UDPReceiver // owned by the engine, as are the fields below
-	rbuf  []byte            // datagrams of a round: received packets' payloads point into it
-	rbufs [][]byte          // rbuf in 64 KiB pieces, one per datagram of a receive
-	rdgs  []unix.Datagram   // what each piece received
-	rhdr  [48]byte
+	rx       *unix.UDPReceiver // owned by the engine, as are the fields below
+	rbuf     []byte            // datagrams of a round: received packets' payloads point into it
+	rbufs    [][]byte          // rbuf in 64 KiB pieces, one per datagram of a receive
+	rdgs     []unix.Datagram   // what each piece received
+	rscratch datagramScratch
+}
+
+// datagramScratch is the space a goroutine makes or checks datagrams in:
+// the IP and UDP headers the ICRC covers, and the ICRC's own.
+type datagramScratch struct {
+	hdr [48]byte
+	crc roce.ICRCScratch
 }
 
 // socketBuffer is the size the link asks for its socket buffers: a send
@@ -139,7 +147,8 @@ func (l *udpLink) close() error {
 // the IPv4 identification of GSO segments, which the ICRC covers, and a
 // RoCE NIC on the other end would then reject them. A packet is encoded in
 // its own storage where it can be (headers before the payload, pad and
-// ICRC after), and the kernel gathers the datagrams from there.
+// ICRC after), and the kernel gathers the datagrams from there, and from
+// the memory of the regions that borrowed payloads are in (sendRequests).
 //
 // A packet to the device's own GID does not leave it: as an HCA loops such
 // traffic back inside, without the network, it goes straight to the
@@ -155,20 +164,18 @@ func (l *udpLink) sendBatch(ps []*roce.Packet, c *pktCache) {
 		}
 		dst := netip.AddrFrom16(ps[i].DstGID).Unmap()
 		l.wbuf = l.wbuf[:0]
-		first := l.encode(ps[i], dst)
-		seg, total := len(first), len(first)
-		l.iov = append(l.iov[:0], first)
+		seg := l.encode(ps[i], dst)
+		total := seg
 		j := i + 1
 		if dst.IsLoopback() {
 			for j < len(ps) && j-i < unix.MaxGSOSegments && ps[j].DstGID == ps[i].DstGID && total+seg <= maxBatch {
 				if ps[j].Len() > seg {
 					break // longer: it starts the next run
 				}
-				b := l.encode(ps[j], dst)
-				l.iov = append(l.iov, b)
-				total += len(b)
+				n := l.encode(ps[j], dst)
+				total += n
 				j++
-				if len(b) < seg {
+				if n < seg {
 					break // shorter: it ends this run
 				}
 			}
@@ -180,39 +187,49 @@ func (l *udpLink) sendBatch(ps []*roce.Packet, c *pktCache) {
 			l.d.counters.XmitDiscards.Add(uint64(j - i))
 		}
 		clear(l.iov)
+		l.iov = l.iov[:0]
 		for _, p := range ps[i:j] {
 			c.put(p)
 		}
 		i = j
 	}
+	racedma.Release() // the ICRCs read borrowed payloads
 }
 
-// encode returns p as a datagram to dst: the transport headers, the
-// payload, its pad and the ICRC. It writes them around the payload in the
-// packet's storage when the payload is there, and appends them to l.wbuf
-// otherwise.
-func (l *udpLink) encode(p *roce.Packet, dst netip.Addr) []byte {
+// encode adds p as a datagram to dst to the buffers of the send (l.iov)
+// and returns its length: the transport headers, the payload, its pad and
+// the ICRC. It writes them around the payload in the packet's storage when
+// the payload is there. Otherwise (the payload is in the memory of a
+// region) it puts the headers, pad and ICRC in l.wbuf and the payload
+// stays where it is, for the kernel to gather: the data is copied once,
+// into the socket buffer.
+func (l *udpLink) encode(p *roce.Packet, dst netip.Addr) int {
 	st := p.Storage[:cap(p.Storage)]
 	n := len(p.Payload)
 	inPlace := len(st) >= pktHeadroom+n+pktTailroom &&
 		(n == 0 || &p.Payload[0] == &st[pktHeadroom])
+	pad := roce.PadLen(n)
 	if !inPlace {
 		off := len(l.wbuf)
-		l.wbuf = p.AppendTransport(l.wbuf)
-		ip, udp := roce.PseudoHeaders(l.hdr[:], l.d.addr, dst, l.txPort, len(l.wbuf)-off)
-		l.wbuf = binary.LittleEndian.AppendUint32(l.wbuf, roce.ICRC(ip, udp, l.wbuf[off:]))
-		return l.wbuf[off:]
+		l.wbuf = p.AppendHeaders(l.wbuf)
+		hdr := len(l.wbuf) - off
+		l.wbuf = append(l.wbuf, make([]byte, pad)...)
+		ip, udp := roce.PseudoHeaders(l.scratch.hdr[:], l.d.addr, dst, l.txPort, hdr+n+pad)
+		crc := l.scratch.crc.ICRC(ip, udp, l.wbuf[off:off+hdr], p.Payload, l.wbuf[off+hdr:])
+		l.wbuf = binary.LittleEndian.AppendUint32(l.wbuf, crc)
+		l.iov = append(l.iov, l.wbuf[off:off+hdr], p.Payload, l.wbuf[off+hdr:])
+		return hdr + n + pad + roce.ICRCLen
 	}
 	hdr := p.AppendHeaders(l.hscratch[:0])
 	start := pktHeadroom - len(hdr)
 	copy(st[start:], hdr)
 	end := pktHeadroom + n
-	pad := roce.PadLen(n)
 	clear(st[end : end+pad])
 	end += pad
-	ip, udp := roce.PseudoHeaders(l.hdr[:], l.d.addr, dst, l.txPort, end-start)
-	binary.LittleEndian.PutUint32(st[end:], roce.ICRC(ip, udp, st[start:end]))
-	return st[start : end+roce.ICRCLen]
+	ip, udp := roce.PseudoHeaders(l.scratch.hdr[:], l.d.addr, dst, l.txPort, end-start)
+	binary.LittleEndian.PutUint32(st[end:], l.scratch.crc.ICRC(ip, udp, st[start:end], nil, nil))
+	l.iov = append(l.iov, st[start:end+roce.ICRCLen])
+	return end + roce.ICRCLen - start
 }
 
 // idle tells the link that the engine is going to sleep: from now on a
@@ -291,7 +308,7 @@ func (l *udpLink) poll(out []*roce.Packet, max int) []*roce.Packet {
 // packet cache (poll runs on the engine goroutine), or counts it as an
 // error and returns nil.
 func (l *udpLink) parse(b []byte, from netip.AddrPort) *roce.Packet {
-	return l.d.parseDatagram(b, from, &l.rhdr, &l.d.eng.pkts)
+	return l.d.parseDatagram(b, from, &l.rscratch, &l.d.eng.pkts)
 }
 
 // parseDatagram checks a RoCEv2 datagram that came from the address and
@@ -299,18 +316,18 @@ func (l *udpLink) parse(b []byte, from netip.AddrPort) *roce.Packet {
 // headers the sender's kernel put on it (roce.PseudoHeaders). It decodes a
 // good one into a packet from the pool, addressed from the sender's GID to
 // the device's, for the engine; it counts a bad one and returns nil. The
-// packet's payload points into b. hdr is scratch space for the headers. It
+// packet's payload points into b. s is the caller's scratch space. It
 // touches nothing of the device but its counters. The packet comes from
 // the cache c, or from the shared pool if c is nil.
-func (d *Device) parseDatagram(b []byte, from netip.AddrPort, hdr *[48]byte, c *pktCache) *roce.Packet {
+func (d *Device) parseDatagram(b []byte, from netip.AddrPort, s *datagramScratch, c *pktCache) *roce.Packet {
 	if !from.IsValid() || len(b) < roce.BTHLen+roce.ICRCLen {
 		d.counters.RcvErrors.Add(1)
 		return nil
 	}
 	src := from.Addr().Unmap()
 	tr := b[:len(b)-roce.ICRCLen]
-	ip, udp := roce.PseudoHeaders(hdr[:], src, d.addr, from.Port(), len(tr))
-	if roce.ICRC(ip, udp, tr) != binary.LittleEndian.Uint32(b[len(tr):]) {
+	ip, udp := roce.PseudoHeaders(s.hdr[:], src, d.addr, from.Port(), len(tr))
+	if s.crc.ICRC(ip, udp, tr, nil, nil) != binary.LittleEndian.Uint32(b[len(tr):]) {
 		d.counters.RcvICRCErrors.Add(1)
 		return nil
 	}

@@ -3,8 +3,6 @@
 package softhca
 
 import (
-	"unsafe"
-
 	"github.com/xrcrun/xrc/internal/mlx4hw"
 	"github.com/xrcrun/xrc/softhca/roce"
 )
@@ -116,14 +114,4 @@ func sgeAt(sg []lsge, off uint32) (lsge, uint32, bool) {
 		off -= s.n
 	}
 	return lsge{}, 0, false
-}
-
-// inStorage reports whether p's payload lies in the packet's own storage.
-func inStorage(p *roce.Packet) bool {
-	st := p.Storage[:cap(p.Storage)]
-	if len(st) == 0 || len(p.Payload) == 0 {
-		return false
-	}
-	d := uintptr(unsafe.Pointer(unsafe.SliceData(p.Payload))) - uintptr(unsafe.Pointer(unsafe.SliceData(st)))
-	return d < uintptr(len(st))
 }

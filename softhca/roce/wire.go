@@ -225,28 +225,59 @@ var maskedLRH = [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 // ICRC computes the invariant CRC of a RoCEv2 packet from its IP header
 // (IPv4 or IPv6, without options beyond what its length field says), its
 // UDP header and its transport part (without the ICRC). The result is in
-// the byte order it travels in: append it with binary.LittleEndian.
+// the byte order it travels in: append it with binary.LittleEndian. It
+// allocates its scratch space: a device uses ICRCScratch.ICRC.
 func ICRC(ipHdr, udpHdr, transport []byte) uint32 {
-	var buf [40 + 8 + BTHLen]byte
-	n := copy(buf[:], ipHdr)
+	return new(ICRCScratch).ICRC(ipHdr, udpHdr, transport, nil, nil)
+}
+
+// ICRCScratch is the space an ICRC is computed in: the masked headers and
+// the first bytes after them. Each goroutine that computes ICRCs keeps one
+// (hash/crc32 would make a buffer on the stack escape, an allocation per
+// packet).
+type ICRCScratch [8 + 40 + 8 + BTHLen + 16]byte
+
+// ICRC is the package's ICRC of a transport part held in three pieces,
+// hdr, payload and tail (the pad), as a sender that does not copy the
+// payload next to its headers has it; hdr holds at least the BTH.
+//
+// hash/crc32 is fast (carry-less multiplication) over whole 16-byte blocks
+// of at least 64 bytes and slow (tables) over the rest, so the masked
+// headers and the first bytes after them go through it as one block of at
+// least 64 bytes, a multiple of 16: over IPv4 that leaves the rest of a
+// packet with a 16-byte multiple of payload in whole blocks too.
+func (s *ICRCScratch) ICRC(ipHdr, udpHdr, hdr, payload, tail []byte) uint32 {
+	buf := s[:]
+	n := copy(buf, maskedLRH[:])
+	ip := n
+	n += copy(buf[n:], ipHdr)
 	if ipHdr[0]>>4 == 4 {
-		buf[1] = 0xff                 // TOS
-		buf[8] = 0xff                 // TTL
-		buf[10], buf[11] = 0xff, 0xff // header checksum
+		buf[ip+1] = 0xff                    // TOS
+		buf[ip+8] = 0xff                    // TTL
+		buf[ip+10], buf[ip+11] = 0xff, 0xff // header checksum
 	} else {
-		buf[0] |= 0x0f // traffic class, high nibble
-		buf[1] = 0xff  // traffic class, low nibble, and flow label
-		buf[2], buf[3] = 0xff, 0xff
-		buf[7] = 0xff // hop limit
+		buf[ip] |= 0x0f  // traffic class, high nibble
+		buf[ip+1] = 0xff // traffic class, low nibble, and flow label
+		buf[ip+2], buf[ip+3] = 0xff, 0xff
+		buf[ip+7] = 0xff // hop limit
 	}
 	n += copy(buf[n:], udpHdr[:8])
 	buf[n-2], buf[n-1] = 0xff, 0xff // UDP checksum
 	bth := n
-	n += copy(buf[n:], transport[:BTHLen])
+	n += copy(buf[n:], hdr[:BTHLen])
 	buf[bth+4] = 0xff // FECN, BECN, reserved
-	crc := crc32.Update(0, crc32.IEEETable, maskedLRH[:])
-	crc = crc32.Update(crc, crc32.IEEETable, buf[:n])
-	return crc32.Update(crc, crc32.IEEETable, transport[BTHLen:])
+	rest := [3][]byte{hdr[BTHLen:], payload, tail}
+	block := max(64, (n+15)&^15)
+	for i := range rest {
+		k := copy(buf[n:block], rest[i])
+		n += k
+		rest[i] = rest[i][k:]
+	}
+	crc := crc32.Update(0, crc32.IEEETable, buf[:n])
+	for _, b := range rest {
+		crc = crc32.Update(crc, crc32.IEEETable, b)
+	}
+	return crc
 }
 
 // PseudoHeaders rebuilds the IP and UDP headers that Linux puts on a
