@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -32,16 +31,7 @@ func TestClientKilledStreaming(t *testing.T) {
 	dir := t.TempDir()
 	a, b := hcatest.Start(t, dir), hcatest.Start(t, dir)
 	for i := range 30 {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envStreamer+"="+a.Name+","+b.Name, softhca.RuntimeDirEnv+"="+dir)
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		cmd, out := startClient(t, envStreamer+"="+a.Name+","+b.Name, softhca.RuntimeDirEnv+"="+dir)
 		line, err := bufio.NewReader(out).ReadString('\n')
 		if err != nil || line != "streaming\n" {
 			cmd.Process.Kill()
@@ -60,18 +50,7 @@ func TestClientKilledStreaming(t *testing.T) {
 	// Both devices still serve, and talk to each other.
 	env := verbstest.Env{Name: "survivors", Open: func(t testing.TB) (x, y *verbs.Context) { return attach(t, a), attach(t, b) }}
 	pa, pb := verbstest.Connect(t, env, 4096)
-	if err := pb.QP.PostRecv(&verbs.RecvWR{WRID: 1, SG: []verbs.SGE{pb.MR.SGE(0, 64)}}); err != nil {
-		t.Fatal(err)
-	}
-	copy(pa.Buf, "still here")
-	if err := pa.QP.PostSend(&verbs.SendWR{WRID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, SG: []verbs.SGE{pa.MR.SGE(0, 10)}}); err != nil {
-		t.Fatal(err)
-	}
-	waitWC(t, pa.CQ, 2)
-	waitWC(t, pb.CQ, 1)
-	if string(pb.Buf[:10]) != "still here" {
-		t.Fatalf("received %q", pb.Buf[:10])
-	}
+	stillTalk(t, pa, pb)
 }
 
 // procTB lets a client process use verbstest's connection helpers: it has

@@ -114,16 +114,7 @@ func TestClientKilled(t *testing.T) {
 	pa, pb := verbstest.Connect(t, env, 4096)
 	before := s.Counters(t)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envClient+"="+s.Name, softhca.RuntimeDirEnv+"="+dir)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, out := startClient(t, envClient+"="+s.Name, softhca.RuntimeDirEnv+"="+dir)
 	line := make([]byte, 6)
 	if _, err := io.ReadFull(out, line); err != nil || string(line) != "ready\n" {
 		cmd.Process.Kill()
@@ -150,18 +141,42 @@ func TestClientKilled(t *testing.T) {
 			t.Fatalf("10 s after SIGKILL: %v; before the client: %v", after, before)
 		}
 	}
-	// The survivors still talk.
-	if err := pb.QP.PostRecv(&verbs.RecvWR{WRID: 1, SG: []verbs.SGE{pb.MR.SGE(0, 64)}}); err != nil {
+	stillTalk(t, pa, pb)
+}
+
+// startClient runs the test binary as a client process with the extra
+// environment env (its role, for TestMain) and returns it with its
+// standard output.
+func startClient(t *testing.T, env ...string) (*exec.Cmd, io.Reader) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
 		t.Fatal(err)
 	}
-	copy(pa.Buf, "still here")
-	if err := pa.QP.PostSend(&verbs.SendWR{WRID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, SG: []verbs.SGE{pa.MR.SGE(0, 10)}}); err != nil {
+	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitWC(t, pa.CQ, 2)
-	waitWC(t, pb.CQ, 1)
-	if string(pb.Buf[:10]) != "still here" {
-		t.Fatalf("received %q", pb.Buf[:10])
+	return cmd, out
+}
+
+// stillTalk checks that a connected pair still works after another client
+// died: a SEND from a arrives at b.
+func stillTalk(t *testing.T, a, b verbstest.Endpoint) {
+	t.Helper()
+	if err := b.QP.PostRecv(&verbs.RecvWR{WRID: 1, SG: []verbs.SGE{b.MR.SGE(0, 64)}}); err != nil {
+		t.Fatal(err)
+	}
+	copy(a.Buf, "still here")
+	if err := a.QP.PostSend(&verbs.SendWR{WRID: 2, Opcode: verbs.WRSend, Flags: verbs.SendSignaled, SG: []verbs.SGE{a.MR.SGE(0, 10)}}); err != nil {
+		t.Fatal(err)
+	}
+	waitWC(t, a.CQ, 2)
+	waitWC(t, b.CQ, 1)
+	if string(b.Buf[:10]) != "still here" {
+		t.Fatalf("received %q", b.Buf[:10])
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -155,16 +154,7 @@ func TestXRCCreatorKilled(t *testing.T) {
 	c := attach(t, s)
 	before := s.Counters(t)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envXRCClient+"="+s.Name, envXRCFile+"="+path, softhca.RuntimeDirEnv+"="+dir)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, out := startClient(t, envXRCClient+"="+s.Name, envXRCFile+"="+path, softhca.RuntimeDirEnv+"="+dir)
 	defer cmd.Wait()
 	defer cmd.Process.Kill()
 	var num uint32
