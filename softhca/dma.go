@@ -55,6 +55,14 @@ func (m *mr) readv(va uint64, dsts [][]byte) bool {
 // while the device mutex is held, which it is until the round's packets
 // are sent; a packet kept longer gets its own copy (own). lend reports
 // false, and changes nothing, for a region it cannot lend from.
+//
+// Only memory the program may not change until the device is done with it
+// is lent: the data of its own SENDs and WRITEs. The link computes the
+// ICRC over the memory and the kernel copies it a moment later, so a
+// program that writes to a buffer it is sending anyway gets, instead of
+// torn data, packets the receiver drops: the request is retried and fails
+// (RETRY_EXC_ERR) if the writes go on. READ responses are copied, as the
+// memory being read may change at any time.
 func (m *mr) lend(va uint64, ps []*roce.Packet) bool {
 	if m.dead || m.view == nil {
 		return false

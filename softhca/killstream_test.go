@@ -30,7 +30,7 @@ const envStreamer = "XRC_TEST_STREAMER"
 func TestClientKilledStreaming(t *testing.T) {
 	dir := t.TempDir()
 	a, b := hcatest.Start(t, dir), hcatest.Start(t, dir)
-	for i := range 30 {
+	for i := range 50 {
 		cmd, out := startClient(t, envStreamer+"="+a.Name+","+b.Name, softhca.RuntimeDirEnv+"="+dir)
 		line, err := bufio.NewReader(out).ReadString('\n')
 		if err != nil || line != "streaming\n" {

@@ -517,8 +517,10 @@ func (d *Device) sendReads(q *qp) bool {
 			// request came (or since the duplicate asking for it again).
 			var m *mr
 			m, ok = d.remoteMR(q, r.pd, r.rkey, r.va, uint64(r.length), accRemoteRead)
-			va := r.va + uint64(r.next*mtu)
-			ok = ok && (m.lend(va, ps) || m.readv(va, bufs))
+			// Copied, never lent (mr.lend): the memory a READ reads
+			// may change meanwhile, and a payload must not change
+			// between its ICRC and its copy into the socket buffer.
+			ok = ok && m.readv(r.va+uint64(r.next*mtu), bufs)
 		}
 		psn := ps[0].PSN
 		d.eng.endPacketRun(ps, bufs, ok)

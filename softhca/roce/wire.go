@@ -223,7 +223,7 @@ func ParseTransport(b []byte, p *Packet) error {
 var maskedLRH = [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
 // ICRC computes the invariant CRC of a RoCEv2 packet from its IP header
-// (IPv4 or IPv6, without options beyond what its length field says), its
+// (IPv4 without options, 20 bytes, or IPv6, 40: what PseudoHeaders gives), its
 // UDP header and its transport part (without the ICRC). The result is in
 // the byte order it travels in: append it with binary.LittleEndian. It
 // allocates its scratch space: a device uses ICRCScratch.ICRC.
