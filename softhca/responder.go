@@ -67,6 +67,9 @@ type responder struct {
 	readBuf []*resource // the array reads lives in
 	resNext int32       // the ring's oldest entry, the next to reuse
 	nakPSN  uint32
+	// An acknowledgement due while READ responses of earlier requests
+	// were still to be sent: it goes after them too.
+	ackAfterReads bool
 }
 
 func (s *responder) reset() {
@@ -409,6 +412,10 @@ func (d *Device) recvAtomic(q *qp, p *roce.Packet) {
 	*r = resource{valid: true, atomic: true, psn: p.PSN, npkts: 1, orig: orig}
 	s.epsn = (s.epsn + 1) & roce.PSNMask
 	s.msn = (s.msn + 1) & roce.PSNMask
+	if len(s.reads) > 0 {
+		d.queueRead(q, r, p.PSN) // its response follows theirs
+		return
+	}
 	d.sendAtomicAck(q, r)
 }
 
@@ -477,6 +484,14 @@ func (d *Device) sendReads(q *qp) bool {
 	mtu := q.mtu()
 	for budget := uint32(readBudget); budget > 0 && len(s.reads) > 0; {
 		r := s.reads[0]
+		if r.atomic { // an atomic that came after READs: its response follows theirs
+			d.sendAtomicAck(q, r)
+			r.queued = false
+			s.reads[0] = nil
+			s.reads = s.reads[1:]
+			budget--
+			continue
+		}
 		cnt := min(budget, r.npkts-r.next)
 		if cnt == 0 { // cannot happen: a READ leaves the queue with its last packet
 			r.queued = false
@@ -547,6 +562,10 @@ func (d *Device) sendReads(q *qp) bool {
 		s.nakAfterReads = false
 		d.sendNak(q, s.nakSyndrome, s.nakPSN)
 	}
+	if len(s.reads) == 0 && s.ackAfterReads {
+		s.ackAfterReads = false
+		d.ackNow(q)
+	}
 	return len(s.reads) > 0
 }
 
@@ -593,8 +612,24 @@ func (d *Device) duplicate(q *qp, p *roce.Packet) {
 	d.sendAck(q)
 }
 
-// sendAck acknowledges everything up to the expected PSN.
+// sendAck acknowledges everything up to the expected PSN. Responses go in
+// the order of the requests: while READ responses of earlier requests are
+// still to be sent (the QP is queued for them), the acknowledgement waits
+// for them (sendReads sends it), or the requester would take them for lost
+// (an implied NAK) and ask for them again.
 func (d *Device) sendAck(q *qp) {
+	if q.state == qpstate.Err || q.state == qpstate.Reset {
+		return
+	}
+	if q.resp.queued {
+		q.resp.ackAfterReads = true
+		return
+	}
+	d.ackNow(q)
+}
+
+// ackNow sends the acknowledgement of everything up to the expected PSN.
+func (d *Device) ackNow(q *qp) {
 	if q.state == qpstate.Err || q.state == qpstate.Reset {
 		return
 	}
