@@ -592,10 +592,10 @@ func (d *Device) duplicate(q *qp, p *roce.Packet) {
 				continue
 			}
 			if dd := roce.PSNDiff(p.PSN, r.psn); dd >= 0 && uint32(dd) < r.npkts {
-				if r.atomic {
+				if r.atomic && !s.queued {
 					d.sendAtomicAck(q, r)
 				} else {
-					d.queueRead(q, r, p.PSN)
+					d.queueRead(q, r, p.PSN) // an atomic's follows READ responses
 				}
 				return
 			}
