@@ -16,8 +16,9 @@ import (
 // requests and the atomic's response must follow them, not overtake them:
 // a requester that sees them first takes the READ's responses for lost (an
 // implied NAK) and asks for them again. On a lossless link nothing may be
-// asked for twice. (A long WRITE first opens the send window wide enough
-// for the requests behind the READ to go at once.)
+// asked for twice. The same holds for an RNR NAK of a SEND behind a READ.
+// (A long WRITE first opens the send window wide enough for the requests
+// behind the READ to go at once.)
 func TestResponsesInRequestOrder(t *testing.T) {
 	f := softhca.NewFabric()
 	da, db := newDevice(t, f), newDevice(t, f)
@@ -46,11 +47,15 @@ func TestResponsesInRequestOrder(t *testing.T) {
 		{WRID: 3, Opcode: verbs.WRRDMAWrite, SG: []verbs.SGE{pa.MR.SGE(size, 14)}, RemoteAddr: raddr + size + 128, RKey: pb.MR.RKey()},
 		{WRID: 4, Opcode: verbs.WRAtomicFetchAdd, SG: []verbs.SGE{pa.MR.SGE(size+256, 8)}, RemoteAddr: raddr + size, RKey: pb.MR.RKey(), CompareAdd: 2},
 	}
-	for _, wr := range wrs {
+	// One post, so that the device takes all four at once.
+	for i, wr := range wrs {
 		wr.Flags = verbs.SendSignaled
-		if err := pa.QP.PostSend(wr); err != nil {
-			t.Fatal(err)
+		if i > 0 {
+			wrs[i-1].Next = wr
 		}
+	}
+	if err := pa.QP.PostSend(wrs[0]); err != nil {
+		t.Fatal(err)
 	}
 	for _, id := range []uint64{1, 2, 3, 4} {
 		waitWC(t, pa.CQ, id)
@@ -72,5 +77,25 @@ func TestResponsesInRequestOrder(t *testing.T) {
 	}
 	if n := cb.DuplicateRequest.Load(); n != 0 {
 		t.Errorf("responder: %d duplicate requests", n)
+	}
+
+	// A SEND with no receive posted behind a READ: its RNR NAK follows
+	// the READ's responses too. The receive comes once the READ is done.
+	wrs[0].WRID, wrs[1].WRID, wrs[1].Next = 11, 12, nil
+	if err := pa.QP.PostSend(wrs[0]); err != nil {
+		t.Fatal(err)
+	}
+	waitWC(t, pa.CQ, 11)
+	if err := pb.QP.PostRecv(&verbs.RecvWR{WRID: 101, SG: []verbs.SGE{pb.MR.SGE(size+64, 64)}}); err != nil {
+		t.Fatal(err)
+	}
+	waitWC(t, pa.CQ, 12)
+	waitWC(t, pb.CQ, 101)
+	if ca.RNRNaksReceived.Load() == 0 {
+		t.Error("the SEND got no RNR NAK")
+	}
+	if n := ca.ImpliedNakSeqErr.Load() + ca.PacketSeqErr.Load() + ca.RcvErrors.Load() + cb.DuplicateRequest.Load(); n != 0 {
+		t.Errorf("with an RNR NAK: %d implied NAKs, %d sequence errors, %d receive errors; %d duplicate requests",
+			ca.ImpliedNakSeqErr.Load(), ca.PacketSeqErr.Load(), ca.RcvErrors.Load(), cb.DuplicateRequest.Load())
 	}
 }

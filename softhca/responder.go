@@ -48,8 +48,8 @@ type responder struct {
 	isSend  bool
 	hasRecv bool
 	queued  bool // in the engine's list of QPs with responses to send
-	// A NAK that ended the QP's life while READ responses of earlier
-	// requests were still to be sent: it goes after them.
+	// A NAK that came due while READ responses of earlier requests were
+	// still to be sent: it goes after them (nak).
 	nakAfterReads bool
 	nakSyndrome   uint8
 
@@ -123,7 +123,7 @@ func (d *Device) onRequest(q *qp, p *roce.Packet) {
 			d.counters.OutOfSequence.Add(1)
 			if !s.nakSent {
 				s.nakSent = true
-				d.sendNak(q, roce.AETHNak|roce.NakPSNSeqErr, s.epsn)
+				d.nak(q, roce.AETHNak|roce.NakPSNSeqErr, s.epsn)
 			}
 			return
 		}
@@ -153,13 +153,22 @@ func (d *Device) onRequest(q *qp, p *roce.Packet) {
 // sent, the NAK follows them (a NAK overtaking them would tell the
 // requester that they were lost).
 func (d *Device) fatal(q *qp, p *roce.Packet, code uint8) {
+	d.nak(q, roce.AETHNak|code, p.PSN)
+	d.setState(q, qpstate.Err)
+}
+
+// nak sends a NAK or an RNR NAK for psn, after the READ responses of
+// earlier requests that are still to be sent: a NAK overtaking them would
+// tell the requester that they were lost. A responder NAKs one packet at a
+// time (it drops what follows until the requester goes back), so at most
+// one waits; a fatal one replaces it.
+func (d *Device) nak(q *qp, syndrome uint8, psn uint32) {
 	s := &q.resp
 	if len(s.reads) > 0 {
-		s.nakAfterReads, s.nakSyndrome, s.nakPSN = true, roce.AETHNak|code, p.PSN
-	} else {
-		d.sendNak(q, roce.AETHNak|code, p.PSN)
+		s.nakAfterReads, s.nakSyndrome, s.nakPSN = true, syndrome, psn
+		return
 	}
-	d.setState(q, qpstate.Err)
+	d.sendNak(q, syndrome, psn)
 }
 
 // payloadOK checks a packet's payload length against its place in the
@@ -327,7 +336,7 @@ func (d *Device) takeRecv(q *qp, p *roce.Packet) bool {
 	if !ok {
 		d.counters.RNRNaksSent.Add(1)
 		s.nakSent = true
-		d.sendNak(q, roce.AETHRNRNak|q.minRNRTimer&0x1f, p.PSN)
+		d.nak(q, roce.AETHRNRNak|q.minRNRTimer&0x1f, p.PSN)
 		return false
 	}
 	s.hasRecv = true
