@@ -70,6 +70,7 @@ type responder struct {
 	// An acknowledgement due while READ responses of earlier requests
 	// were still to be sent: it goes after them too.
 	ackAfterReads bool
+	nakFatal      bool // the NAK waiting for READ responses put the QP in error
 }
 
 func (s *responder) reset() {
@@ -131,7 +132,12 @@ func (d *Device) onRequest(q *qp, p *roce.Packet) {
 		d.duplicate(q, p)
 		return
 	}
-	s.nakSent = false
+	if s.nakSent {
+		// The requester went back: a NAK still waiting behind READ
+		// responses is answered already (a fatal one put the QP in the
+		// error state, which takes no requests).
+		s.nakSent, s.nakAfterReads = false, false
+	}
 	if q.xrcd != nil && !d.bindXRCSRQ(q, p) {
 		return
 	}
@@ -154,6 +160,7 @@ func (d *Device) onRequest(q *qp, p *roce.Packet) {
 // requester that they were lost).
 func (d *Device) fatal(q *qp, p *roce.Packet, code uint8) {
 	d.nak(q, roce.AETHNak|code, p.PSN)
+	q.resp.nakFatal = q.resp.nakAfterReads
 	d.setState(q, qpstate.Err)
 }
 
@@ -490,6 +497,13 @@ func (d *Device) queueRead(q *qp, r *resource, from uint32) {
 // run instead of one a packet.
 func (d *Device) sendReads(q *qp) bool {
 	s := &q.resp
+	if q.state == qpstate.Err && !s.nakFatal {
+		// Moved to the error state from outside (a command, the
+		// requester's failure): the QP answers nothing any more. Only
+		// a QP whose responder failed sends what came before its NAK.
+		s.dropReads()
+		return false
+	}
 	mtu := q.mtu()
 	for budget := uint32(readBudget); budget > 0 && len(s.reads) > 0; {
 		r := s.reads[0]
@@ -549,13 +563,9 @@ func (d *Device) sendReads(q *qp) bool {
 		psn := ps[0].PSN
 		d.eng.endPacketRun(ps, bufs, ok)
 		if !ok {
-			// The NAK is for this READ: the later ones, and a NAK that
-			// was to follow them, are dropped.
-			for _, x := range s.reads {
-				x.queued = false
-			}
-			clear(s.reads)
-			s.reads, s.nakAfterReads = s.readBuf[:0], false
+			// The NAK is for this READ: the later ones, and what was
+			// to follow them, are dropped.
+			s.dropReads()
 			d.fatal(q, &roce.Packet{PSN: psn}, roce.NakRemoteAccess)
 			return false
 		}
@@ -567,15 +577,33 @@ func (d *Device) sendReads(q *qp) bool {
 			s.reads = s.reads[1:]
 		}
 	}
-	if len(s.reads) == 0 && s.nakAfterReads {
+	if len(s.reads) > 0 {
+		return true
+	}
+	// What waited for the responses, in PSN order: the acknowledgement
+	// (unless the round's acknowledgements, which come later, send it
+	// anyway), then a NAK of a later packet.
+	if s.ackAfterReads {
+		s.ackAfterReads = false
+		if !s.ackDue {
+			d.ackNow(q)
+		}
+	}
+	if s.nakAfterReads {
 		s.nakAfterReads = false
 		d.sendNak(q, s.nakSyndrome, s.nakPSN)
 	}
-	if len(s.reads) == 0 && s.ackAfterReads {
-		s.ackAfterReads = false
-		d.ackNow(q)
+	return false
+}
+
+// dropReads forgets the READ and atomic responses still to be sent, and
+// the acknowledgement and NAK that waited for them.
+func (s *responder) dropReads() {
+	for _, r := range s.reads {
+		r.queued = false
 	}
-	return len(s.reads) > 0
+	clear(s.reads)
+	s.reads, s.nakAfterReads, s.ackAfterReads = s.readBuf[:0], false, false
 }
 
 func (d *Device) sendAtomicAck(q *qp, r *resource) {
