@@ -71,6 +71,7 @@ type responder struct {
 	// were still to be sent: it goes after them too.
 	ackAfterReads bool
 	nakFatal      bool // the NAK waiting for READ responses put the QP in error
+	nakDropped    bool // requests were dropped since the NAK (nakSent)
 }
 
 func (s *responder) reset() {
@@ -126,17 +127,23 @@ func (d *Device) onRequest(q *qp, p *roce.Packet) {
 				s.nakSent = true
 				d.nak(q, roce.AETHNak|roce.NakPSNSeqErr, s.epsn)
 			}
+			s.nakDropped = true // this packet is dropped
 			return
 		}
 		d.counters.DuplicateRequest.Add(1)
 		d.duplicate(q, p)
 		return
 	}
+	// The packet a NAK asked for came. If the NAK still waits behind READ
+	// responses, it is answered: sent later it would send the requester
+	// back for requests done already. But when packets after this one
+	// were dropped meanwhile (they came before it: it was late, not sent
+	// again), the requester must still go back for them: NAK again, after
+	// this packet. (A fatal NAK put the QP in the error state, which takes
+	// no requests.)
+	renak := s.nakSent && s.nakAfterReads && s.nakDropped
 	if s.nakSent {
-		// The requester went back: a NAK still waiting behind READ
-		// responses is answered already (a fatal one put the QP in the
-		// error state, which takes no requests).
-		s.nakSent, s.nakAfterReads = false, false
+		s.nakSent, s.nakAfterReads, s.nakDropped = false, false, false
 	}
 	if q.xrcd != nil && !d.bindXRCSRQ(q, p) {
 		return
@@ -150,6 +157,10 @@ func (d *Device) onRequest(q *qp, p *roce.Packet) {
 		d.recvRead(q, p)
 	case op.IsAtomic():
 		d.recvAtomic(q, p)
+	}
+	if renak && !s.nakSent && q.state != qpstate.Err {
+		s.nakSent, s.nakDropped = true, false
+		d.nak(q, roce.AETHNak|roce.NakPSNSeqErr, s.epsn)
 	}
 }
 
@@ -342,7 +353,7 @@ func (d *Device) takeRecv(q *qp, p *roce.Packet) bool {
 	}
 	if !ok {
 		d.counters.RNRNaksSent.Add(1)
-		s.nakSent = true
+		s.nakSent, s.nakDropped = true, false
 		d.nak(q, roce.AETHRNRNak|q.minRNRTimer&0x1f, p.PSN)
 		return false
 	}

@@ -14,14 +14,15 @@ import (
 
 // Responses go in PSN order, so an acknowledgement or a NAK that comes due
 // while a READ's responses stream waits for them (responder.go: sendAck,
-// nak). These tests catch the responder between two rounds of a 1 MiB READ
-// at MTU 256 (4,096 responses, 64 a round), holding the device mutex.
+// nak). These tests catch the responder between two rounds of four 1 MiB
+// READs at MTU 256 (16,384 responses, 64 a round), holding the device
+// mutex.
 
-// readPSN is the rig's first PSN, that of the READ; the next request's
-// PSN comes after the READ's responses.
+// readPSN is the rig's first PSN, that of the first READ; the next
+// request's PSN comes after the READs' responses.
 const (
 	readPSN  = 0x1234
-	readPkts = 4096
+	readPkts = 4 * 4096
 	nextPSN  = readPSN + readPkts
 )
 
@@ -42,8 +43,13 @@ func (r *rig) lockedWhen(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func (r *rig) readRequest(p *roce.Packet) {
-	p.Opcode, p.PSN, p.VA, p.RKey, p.DMALen = roce.ReadRequest, readPSN, r.mr.Addr(), r.mr.RKey(), readPkts*256
+// readRequests sends the four READs.
+func (r *rig) readRequests() {
+	for i := range uint32(4) {
+		r.inject(func(p *roce.Packet) {
+			p.Opcode, p.PSN, p.VA, p.RKey, p.DMALen = roce.ReadRequest, readPSN+i*4096, r.mr.Addr(), r.mr.RKey(), 1<<20
+		})
+	}
 }
 
 // untilAck collects what comes to the sink up to the first acknowledgement
@@ -84,13 +90,13 @@ func TestWaitingNAKDroppedOnceAnswered(t *testing.T) {
 					p.Payload = append(p.Payload[:0], "12345678"...)
 				}
 			}
-			r.inject(r.readRequest)
+			r.readRequests()
 			if rnr {
 				r.inject(send) // no receive posted
 			} else {
 				r.inject(write(nextPSN + 1)) // the WRITE at nextPSN was lost
 			}
-			r.lockedWhen(t, "NAK waiting for the READ", func() bool { return q.resp.nakAfterReads })
+			r.lockedWhen(t, "NAK waiting for the READs", func() bool { return q.resp.nakAfterReads })
 			if len(q.resp.reads) == 0 {
 				t.Fatal("a NAK waits with no READ responses left to send")
 			}
@@ -126,12 +132,12 @@ func TestWaitingNAKDroppedOnceAnswered(t *testing.T) {
 func TestErrorStateStopsResponses(t *testing.T) {
 	r := newRigWith(t, verbstest.Options{MTU: verbs.MTU256})
 	q := r.d.qps.get(r.qp.Num())
-	r.inject(r.readRequest)
+	r.readRequests()
 	r.inject(func(p *roce.Packet) { // finds no receive: an RNR NAK waits
 		p.Opcode, p.PSN, p.AckReq = roce.SendOnly, nextPSN, true
 		p.Payload = append(p.Payload[:0], "8 bytes!"...)
 	})
-	r.lockedWhen(t, "NAK waiting for the READ", func() bool { return q.resp.nakAfterReads })
+	r.lockedWhen(t, "NAK waiting for the READs", func() bool { return q.resp.nakAfterReads })
 	r.d.setState(q, qpstate.Err) // as a modify to ERR does
 	sent := r.d.counters.XmitPackets.Load()
 	r.sink.drain()
@@ -143,5 +149,92 @@ func TestErrorStateStopsResponses(t *testing.T) {
 	}
 	for _, p := range r.sink.drain() {
 		t.Errorf("%v for PSN %#x sent in the error state", p.Opcode, p.PSN)
+	}
+}
+
+// lastAcks returns the Acknowledge packets among ps, in order.
+func lastAcks(ps []*roce.Packet) []*roce.Packet {
+	var out []*roce.Packet
+	for _, p := range ps {
+		if p.Opcode.Op() == roce.Acknowledge {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// When the packet a waiting NAK asks for comes late (the network held it
+// back, or delivered a copy), not sent again, the packets dropped after
+// it in the meantime are still missing: the NAK is renewed for the first
+// of them, after the acknowledgement of the late one, so that the
+// requester goes back now instead of at its timeout.
+func TestWaitingNAKRenewedForDroppedPackets(t *testing.T) {
+	for _, rnr := range []bool{false, true} {
+		t.Run(map[bool]string{false: "late original", true: "copy after RNR"}[rnr], func(t *testing.T) {
+			r := newRigWith(t, verbstest.Options{MTU: verbs.MTU256})
+			q := r.d.qps.get(r.qp.Num())
+			write := func(psn uint32) func(p *roce.Packet) {
+				return func(p *roce.Packet) {
+					p.Opcode, p.PSN, p.VA, p.RKey, p.DMALen, p.AckReq = roce.WriteOnly, psn, r.mr.Addr(), r.mr.RKey(), 8, true
+					p.Payload = append(p.Payload[:0], "12345678"...)
+				}
+			}
+			send := func(p *roce.Packet) {
+				p.Opcode, p.PSN, p.AckReq = roce.SendOnly, nextPSN, true
+				p.Payload = append(p.Payload[:0], "8 bytes!"...)
+			}
+			r.readRequests()
+			if rnr {
+				r.inject(send) // no receive: an RNR NAK waits
+			} else {
+				r.inject(write(nextPSN + 1)) // before nextPSN: a sequence NAK waits
+			}
+			r.inject(write(nextPSN + 2)) // dropped under the NAK
+			r.lockedWhen(t, "NAK waiting for the READs, a packet dropped", func() bool { return q.resp.nakAfterReads && q.resp.nakDropped })
+			if rnr {
+				if err := r.qp.PostRecv(&verbs.RecvWR{WRID: 7, SG: []verbs.SGE{r.mr.SGE(0, 64)}}); err != nil {
+					t.Fatal(err)
+				}
+				r.inject(send) // the network's copy
+			} else {
+				r.inject(write(nextPSN)) // the late original
+			}
+			r.d.mu.Unlock()
+			acks := lastAcks(r.untilAck(t))
+			want := []struct {
+				psn  uint32
+				kind uint8
+			}{{nextPSN, roce.AETHAck}, {nextPSN + 1, roce.AETHNak}}
+			if len(acks) != len(want) {
+				t.Fatalf("%d acknowledgements and NAKs, want an ACK of %#x and a sequence NAK of %#x", len(acks), nextPSN, nextPSN+1)
+			}
+			for i, w := range want {
+				if a := acks[i]; a.PSN != w.psn || a.Syndrome&roce.AETHKind != w.kind {
+					t.Errorf("acknowledgement %d: PSN %#x syndrome %#x, want PSN %#x kind %#x", i, a.PSN, a.Syndrome, w.psn, w.kind)
+				}
+			}
+		})
+	}
+}
+
+// A fatal NAK behind READs that stream over many rounds follows all of
+// their responses.
+func TestFatalNAKAfterLongRead(t *testing.T) {
+	r := newRigWith(t, verbstest.Options{MTU: verbs.MTU256})
+	q := r.d.qps.get(r.qp.Num())
+	r.readRequests()
+	r.lockedWhen(t, "READs streaming", func() bool { return len(q.resp.reads) > 0 })
+	r.inject(func(p *roce.Packet) { // a bad key: fatal
+		p.Opcode, p.PSN, p.VA, p.RKey, p.DMALen = roce.WriteOnly, nextPSN, 0x1000, 0x77, 8
+		p.Payload = append(p.Payload[:0], "12345678"...)
+	})
+	r.d.mu.Unlock()
+	got := r.sink.collect(t, readPkts+1)
+	time.Sleep(20 * time.Millisecond)
+	got = append(got, r.sink.drain()...)
+	last := got[len(got)-1]
+	if len(got) != readPkts+1 || last.Opcode.Op() != roce.Acknowledge || last.Syndrome != roce.AETHNak|roce.NakRemoteAccess {
+		t.Errorf("%d packets, the last %v PSN %#x syndrome %#x; want the %d READ responses, then the fatal NAK",
+			len(got), last.Opcode, last.PSN, last.Syndrome, readPkts)
 	}
 }
