@@ -74,10 +74,13 @@ type responder struct {
 	nakDropped    bool // requests were dropped since the NAK (nakSent)
 }
 
+// reset forgets everything but the buffers, and whether the QP is in the
+// engine's READ queue: it stays there until the engine finds it has
+// nothing to send, and a READ that comes before must not list it twice.
 func (s *responder) reset() {
 	clear(s.reads)
 	clear(s.res)
-	*s = responder{recvSG: s.recvSG[:0], reads: s.readBuf[:0], readBuf: s.readBuf, res: s.res}
+	*s = responder{recvSG: s.recvSG[:0], reads: s.readBuf[:0], readBuf: s.readBuf, res: s.res, queued: s.queued}
 }
 
 func (s *responder) start(q *qp) { s.epsn = q.rqPSN }

@@ -238,3 +238,31 @@ func TestFatalNAKAfterLongRead(t *testing.T) {
 			len(got), last.Opcode, last.PSN, last.Syndrome, readPkts)
 	}
 }
+
+// A QP reset while READ responses stream, and brought back, stays listed
+// once in the engine's READ queue when a new READ comes (listed twice, it
+// would send twice its share a round).
+func TestResetQPListedOnce(t *testing.T) {
+	r := newRigWith(t, verbstest.Options{MTU: verbs.MTU256})
+	q := r.d.qps.get(r.qp.Num())
+	r.readRequests()
+	r.lockedWhen(t, "READs streaming", func() bool { return len(q.resp.reads) > 0 })
+	for _, st := range []qpstate.State{qpstate.Reset, qpstate.Init, qpstate.RTR, qpstate.RTS} {
+		r.d.setState(q, st) // as modifies do, with the attributes the QP has
+	}
+	r.inject(func(p *roce.Packet) {
+		p.Opcode, p.PSN, p.VA, p.RKey, p.DMALen = roce.ReadRequest, readPSN, r.mr.Addr(), r.mr.RKey(), 1<<20
+	})
+	r.d.mu.Unlock()
+	r.lockedWhen(t, "the new READ streaming", func() bool { return len(q.resp.reads) > 0 })
+	n := 0
+	for _, x := range r.d.eng.readq {
+		if x == q {
+			n++
+		}
+	}
+	r.d.mu.Unlock()
+	if n != 1 {
+		t.Errorf("the QP is listed %d times in the READ queue", n)
+	}
+}
