@@ -47,16 +47,7 @@ func TestResponsesInRequestOrder(t *testing.T) {
 		{WRID: 3, Opcode: verbs.WRRDMAWrite, SG: []verbs.SGE{pa.MR.SGE(size, 14)}, RemoteAddr: raddr + size + 128, RKey: pb.MR.RKey()},
 		{WRID: 4, Opcode: verbs.WRAtomicFetchAdd, SG: []verbs.SGE{pa.MR.SGE(size+256, 8)}, RemoteAddr: raddr + size, RKey: pb.MR.RKey(), CompareAdd: 2},
 	}
-	// One post, so that the device takes all four at once.
-	for i, wr := range wrs {
-		wr.Flags = verbs.SendSignaled
-		if i > 0 {
-			wrs[i-1].Next = wr
-		}
-	}
-	if err := pa.QP.PostSend(wrs[0]); err != nil {
-		t.Fatal(err)
-	}
+	postChain(t, pa.QP, wrs) // one post: the device takes all four at once
 	for _, id := range []uint64{1, 2, 3, 4} {
 		waitWC(t, pa.CQ, id)
 	}
@@ -81,10 +72,8 @@ func TestResponsesInRequestOrder(t *testing.T) {
 
 	// A SEND with no receive posted behind a READ: its RNR NAK follows
 	// the READ's responses too. The receive comes once the READ is done.
-	wrs[0].WRID, wrs[1].WRID, wrs[1].Next = 11, 12, nil
-	if err := pa.QP.PostSend(wrs[0]); err != nil {
-		t.Fatal(err)
-	}
+	wrs[0].WRID, wrs[1].WRID = 11, 12
+	postChain(t, pa.QP, wrs[:2])
 	waitWC(t, pa.CQ, 11)
 	if err := pb.QP.PostRecv(&verbs.RecvWR{WRID: 101, SG: []verbs.SGE{pb.MR.SGE(size+64, 64)}}); err != nil {
 		t.Fatal(err)
@@ -97,5 +86,20 @@ func TestResponsesInRequestOrder(t *testing.T) {
 	if n := ca.ImpliedNakSeqErr.Load() + ca.PacketSeqErr.Load() + ca.RcvErrors.Load() + cb.DuplicateRequest.Load(); n != 0 {
 		t.Errorf("with an RNR NAK: %d implied NAKs, %d sequence errors, %d receive errors; %d duplicate requests",
 			ca.ImpliedNakSeqErr.Load(), ca.PacketSeqErr.Load(), ca.RcvErrors.Load(), cb.DuplicateRequest.Load())
+	}
+}
+
+// postChain posts wrs, signaled, with one call: the device takes them all
+// at once.
+func postChain(t *testing.T, qp *verbs.QP, wrs []*verbs.SendWR) {
+	t.Helper()
+	for i, wr := range wrs {
+		wr.Flags, wr.Next = verbs.SendSignaled, nil
+		if i > 0 {
+			wrs[i-1].Next = wr
+		}
+	}
+	if err := qp.PostSend(wrs[0]); err != nil {
+		t.Fatal(err)
 	}
 }

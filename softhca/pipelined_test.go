@@ -55,15 +55,7 @@ func TestLossyPipelined(t *testing.T) {
 			{WRID: base + 4, Opcode: verbs.WRAtomicFetchAdd, SG: []verbs.SGE{pa.MR.SGE(sendBuf+256, 8)}, RemoteAddr: pb.MR.Addr() + counter, RKey: pb.MR.RKey(), CompareAdd: 1},
 			{WRID: base + 5, Opcode: verbs.WRRDMARead, SG: []verbs.SGE{pa.MR.SGE(size, 4096)}, RemoteAddr: pb.MR.Addr() + 4096, RKey: pb.MR.RKey()},
 		}
-		for i, wr := range wrs {
-			wr.Flags = verbs.SendSignaled
-			if i > 0 {
-				wrs[i-1].Next = wr
-			}
-		}
-		if err := pa.QP.PostSend(wrs[0]); err != nil {
-			t.Fatal(err)
-		}
+		postChain(t, pa.QP, wrs)
 		if late {
 			time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
 			postRecv(it)
