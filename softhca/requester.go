@@ -551,16 +551,12 @@ func borrowRun(w *swqe, off uint32, ps []*roce.Packet) bool {
 }
 
 // gatherRun fills the buffers of bufs in turn with the request's data from
-// byte off, as gather would their concatenation, reading each region's
-// part with one call (mr.readv). It reports false if a region could not
-// be read.
+// byte off, as if they were one, reading each region's part with one call
+// (mr.readv). It reports false if a region could not be read.
 func (d *Device) gatherRun(w *swqe, off uint32, bufs [][]byte) bool {
-	if len(bufs) == 1 || w.w.HasInline {
+	if w.w.HasInline {
 		for _, b := range bufs {
-			if !d.gather(w, off, b) {
-				return false
-			}
-			off += uint32(len(b))
+			off += uint32(copy(b, w.w.Inline[off:]))
 		}
 		return true
 	}
@@ -595,30 +591,10 @@ func (d *Device) gatherRun(w *swqe, off uint32, bufs [][]byte) bool {
 		}
 		off = 0
 	}
-	return len(bufs) == 0
-}
-
-// gather copies len(dst) bytes of the request's data, from byte off. It
-// reports false if a region could not be read.
-func (d *Device) gather(w *swqe, off uint32, dst []byte) bool {
-	if w.w.HasInline {
-		copy(dst, w.w.Inline[off:])
-		return true
-	}
-	for _, s := range w.sg {
-		if len(dst) == 0 {
-			return true
-		}
-		if off >= s.n {
-			off -= s.n
-			continue
-		}
-		n := min(s.n-off, uint32(len(dst)))
-		if !s.m.read(s.va+uint64(off), dst[:n]) {
+	for _, b := range bufs { // left over: nothing, or the empty payload of a message with no data
+		if len(b) > 0 {
 			return false
 		}
-		dst = dst[n:]
-		off = 0
 	}
 	return true
 }
@@ -884,7 +860,7 @@ func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
 	w.rdGot += n
 	if last {
 		// The READ completes: its bytes must be in memory first.
-		if _, _, ok := d.flushRun(); !ok {
+		if !d.flushRun() {
 			d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
 			return
 		}

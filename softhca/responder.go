@@ -643,7 +643,7 @@ func (d *Device) duplicate(q *qp, p *roce.Packet) {
 				continue
 			}
 			if dd := roce.PSNDiff(p.PSN, r.psn); dd >= 0 && uint32(dd) < r.npkts {
-				if r.atomic && !s.queued {
+				if r.atomic && len(s.reads) == 0 {
 					d.sendAtomicAck(q, r)
 				} else {
 					d.queueRead(q, r, p.PSN) // an atomic's follows READ responses

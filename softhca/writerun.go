@@ -60,7 +60,7 @@ func (d *Device) placeRead(q *qp, w *swqe, p *roce.Packet) bool {
 		mem, addr = s.m.client.mem, s.m.addr+(s.va+uint64(off)-s.m.iova)
 	}
 	if r.q != nil && !(join && r.q == q && r.w == w && r.mem == mem && r.addr+r.n == addr) {
-		if _, _, ok := d.flushRun(); !ok {
+		if !d.flushRun() {
 			return false
 		}
 	}
@@ -76,18 +76,16 @@ func (d *Device) placeRead(q *qp, w *swqe, p *roce.Packet) bool {
 	return true
 }
 
-// flushRun writes the run, if there is one, and ends it. It returns the
-// run's QP and WQE and whether the write succeeded; the caller fails the
-// READ if it did not.
-func (d *Device) flushRun() (*qp, *swqe, bool) {
+// flushRun writes the run, if there is one, and ends it. It reports
+// whether the write succeeded; the caller fails the run's READ if not.
+func (d *Device) flushRun() bool {
 	r := &d.eng.run
 	if r.q == nil {
-		return nil, nil, true
+		return true
 	}
-	q, w := r.q, r.w
 	err := r.mem.writev(r.addr, r.bufs)
 	r.reset()
-	return q, w, err == nil
+	return err == nil
 }
 
 // reset ends the run without writing it.
@@ -99,7 +97,7 @@ func (r *writeRun) reset() {
 
 // endRun writes the run and fails its READ if that failed.
 func (d *Device) endRun() {
-	if q, w, ok := d.flushRun(); !ok {
+	if q, w := d.eng.run.q, d.eng.run.w; !d.flushRun() {
 		d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
 	}
 }
