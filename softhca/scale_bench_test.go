@@ -23,13 +23,14 @@ const (
 	scaleMsgSize = 8
 )
 
-// scaleSetup is n connected RC QP pairs between two devices on one fabric.
+// scaleSetup is n connected RC QP pairs, between two devices on one fabric
+// or on one device.
 // Each side has one PD, one registered buffer, one CQ shared by all its
 // QPs (send and receive), and one SRQ its QPs receive from, so that a QP
 // costs its send queue and no receive queue.
 type scaleSetup struct {
-	n          int
-	devs       [2]*softhca.Device
+	n          int               // QP pairs
+	devs       []*softhca.Device // one or two
 	a, b       []*verbs.QP
 	cqA, cqB   *verbs.CQ
 	srqB       *verbs.SRQ
@@ -242,30 +243,45 @@ func scaleBringUp(b *testing.B, qp *verbs.QP, gid verbs.GID, qpn uint32) {
 	}
 }
 
-func newScaleSetup(b *testing.B, n int) *scaleSetup {
+// newScaleSetup connects n RC QP pairs. With devices 2 the pairs run
+// between two devices on one fabric, n QPs on each; with devices 1 both
+// ends are on one device, which then holds 2n QPs and loops every packet
+// back to itself.
+func newScaleSetup(b *testing.B, devices, n int) *scaleSetup {
 	b.Helper()
 	f := softhca.NewFabric()
-	da, db := newDevice(b, f), newDevice(b, f)
-	ca, ka := scaleOpen(b, da)
-	cb, kb := scaleOpen(b, db)
-	sa := newScaleSide(b, ca, n)
-	sb := newScaleSide(b, cb, n)
+	devs := []*softhca.Device{newDevice(b, f)}
+	ca, ka := scaleOpen(b, devs[0])
+	cb, kb := ca, ka
+	if devices == 2 {
+		devs = append(devs, newDevice(b, f))
+		cb, kb = scaleOpen(b, devs[1])
+	}
+	mapped := func() int64 {
+		if kb == ka {
+			return ka.mapped.Load()
+		}
+		return ka.mapped.Load() + kb.mapped.Load()
+	}
+	perDevice := 2 * n / len(devs) // QPs on a device
+	sa := newScaleSide(b, ca, perDevice)
+	sb := newScaleSide(b, cb, perDevice)
 
-	heap0, mapped0 := scaleHeapAlloc(), ka.mapped.Load()+kb.mapped.Load()
+	heap0, mapped0 := scaleHeapAlloc(), mapped()
 	sa.createQPs(b, n)
 	sb.createQPs(b, n)
 	for i := range n {
 		scaleBringUp(b, sa.qps[i], sb.gid, sb.qps[i].Num())
 		scaleBringUp(b, sb.qps[i], sa.gid, sa.qps[i].Num())
 	}
-	heap1, mapped1 := scaleHeapAlloc(), ka.mapped.Load()+kb.mapped.Load()
+	heap1, mapped1 := scaleHeapAlloc(), mapped()
 
-	for _, d := range []*softhca.Device{da, db} {
-		if o := d.Objects(); o.QPs != n {
-			b.Fatalf("%s holds %d QPs, want %d", d.Name(), o.QPs, n)
+	for _, d := range devs {
+		if o := d.Objects(); o.QPs != perDevice {
+			b.Fatalf("%s holds %d QPs, want %d", d.Name(), o.QPs, perDevice)
 		}
 	}
-	s := &scaleSetup{n: n, devs: [2]*softhca.Device{da, db}, a: sa.qps, b: sb.qps,
+	s := &scaleSetup{n: n, devs: devs, a: sa.qps, b: sb.qps,
 		cqA: sa.cq, cqB: sb.cq, srqB: sb.srq, mrA: sa.mr, mrB: sb.mr,
 		heapPerQP:  float64(int64(heap1)-int64(heap0)) / float64(2*n),
 		queuePerQP: float64(scaleQueueBytes(b, sa.qps[0].Cap())+scaleQueueBytes(b, sb.qps[0].Cap())) / 2,
@@ -338,7 +354,7 @@ func BenchmarkQPScaling(b *testing.B) {
 	}
 	for _, n := range counts {
 		b.Run(fmt.Sprintf("qps=%d", n), func(b *testing.B) {
-			s := newScaleSetup(b, n)
+			s := newScaleSetup(b, 2, n)
 			qpMax := int(s.a[0].Cap().MaxSendWR)
 			loads := []struct {
 				name          string
@@ -380,106 +396,144 @@ func scaleCounts(v string) ([]int, error) {
 	return counts, nil
 }
 
+// scaleLoad drives messages over a scaleSetup: one at a time on the next
+// QP, with at most depth outstanding on a QP and window over all of them.
+type scaleLoad struct {
+	b             *testing.B
+	s             *scaleSetup
+	op            verbs.WROpcode
+	depth, window int
+	perQP         []int // outstanding on each QP
+	wcA, wcB      []verbs.WorkCompletion
+	recv          *verbs.RecvWR
+	wr            *verbs.SendWR
+	sent, doneA   int
+	doneB         int // receives completed and posted again
+	next          int // the QP the next message goes on
+}
+
+func (s *scaleSetup) load(b *testing.B, op verbs.WROpcode, depth, window int) *scaleLoad {
+	l := &scaleLoad{b: b, s: s, op: op, depth: depth, window: window,
+		perQP: make([]int, s.n),
+		wcA:   make([]verbs.WorkCompletion, 16), wcB: make([]verbs.WorkCompletion, 16),
+		recv: &verbs.RecvWR{SG: make([]verbs.SGE, 1)},
+		wr:   &verbs.SendWR{Opcode: op, Flags: verbs.SendSignaled, SG: []verbs.SGE{s.mrA.SGE(0, scaleMsgSize)}},
+	}
+	if op == verbs.WRRDMAWrite {
+		l.wr.RemoteAddr, l.wr.RKey = s.mrB.Addr()+32<<10, s.mrB.RKey()
+	}
+	return l
+}
+
+// counts returns the packets both devices sent, those of them sent again or
+// refused for want of a receive (there should be none), and the time the
+// engines spent busy.
+func (s *scaleSetup) counts() (pkts, recovery, busy uint64) {
+	for _, d := range s.devs {
+		c := d.Counters()
+		pkts += c.XmitPackets.Load()
+		recovery += c.Retransmits.Load() + c.RNRNaksSent.Load()
+		busy += c.EngineBusyNs.Load()
+	}
+	return pkts, recovery, busy
+}
+
+func (l *scaleLoad) pollA() {
+	k, err := l.s.cqA.Poll(l.wcA)
+	if err != nil {
+		l.b.Fatal(err)
+	}
+	for _, c := range l.wcA[:k] {
+		if c.Status != verbs.WCSuccess {
+			l.b.Fatalf("send completion %+v", c)
+		}
+		l.perQP[c.WRID]--
+	}
+	l.doneA += k
+}
+
+func (l *scaleLoad) pollB() {
+	k, err := l.s.cqB.Poll(l.wcB)
+	if err != nil {
+		l.b.Fatal(err)
+	}
+	for _, c := range l.wcB[:k] {
+		if c.Status != verbs.WCSuccess || c.ByteLen != scaleMsgSize {
+			l.b.Fatalf("receive completion %+v", c)
+		}
+		l.recv.WRID = c.WRID
+		l.recv.SG[0] = l.s.mrB.SGE(int(c.WRID)*64, 64)
+		if err := l.s.srqB.PostRecv(l.recv); err != nil {
+			l.b.Fatal(err)
+		}
+	}
+	l.doneB += k
+}
+
+func (l *scaleLoad) poll() {
+	l.pollA()
+	if l.op == verbs.WRSend {
+		l.pollB()
+	}
+}
+
+// post posts one message, waiting for completions while the window or the
+// QP's depth is full.
+func (l *scaleLoad) post() {
+	i := l.next
+	if l.next++; l.next == l.s.n {
+		l.next = 0
+	}
+	for l.sent-l.doneA >= l.window || l.perQP[i] >= l.depth || l.op == verbs.WRSend && l.sent-l.doneB >= l.window {
+		l.poll()
+	}
+	l.wr.WRID = uint64(i)
+	if err := l.s.a[i].PostSend(l.wr); err != nil {
+		l.b.Fatal(err)
+	}
+	l.perQP[i]++
+	l.sent++
+}
+
+// drain waits for every message posted to complete.
+func (l *scaleLoad) drain() {
+	for l.sent > l.doneA || l.op == verbs.WRSend && l.sent > l.doneB {
+		l.poll()
+	}
+}
+
+// warm sends one message on every QP: the first use of a QP faults its
+// send queue's page in and makes the device's state for it, costs of
+// setting up rather than of a message.
+func (l *scaleLoad) warm() {
+	for range l.s.n {
+		l.post()
+	}
+	l.drain()
+}
+
 // run posts one message per iteration on the next QP, with at most depth
 // outstanding on a QP and window over all of them.
 func (s *scaleSetup) run(b *testing.B, op verbs.WROpcode, depth, window int) {
-	perQP := make([]int, s.n) // outstanding on each QP
-	wcA := make([]verbs.WorkCompletion, 16)
-	wcB := make([]verbs.WorkCompletion, 16)
-	recv := &verbs.RecvWR{SG: make([]verbs.SGE, 1)}
-	wr := &verbs.SendWR{Opcode: op, Flags: verbs.SendSignaled, SG: []verbs.SGE{s.mrA.SGE(0, scaleMsgSize)}}
-	if op == verbs.WRRDMAWrite {
-		wr.RemoteAddr, wr.RKey = s.mrB.Addr()+32<<10, s.mrB.RKey()
-	}
-	var sent, doneA, doneB int // doneB: receives completed and posted again
-	// Packets sent, and packets sent again or refused for want of a
-	// receive (there should be none), by both devices.
-	counts := func() (pkts, recovery, busy uint64) {
-		for _, d := range s.devs {
-			c := d.Counters()
-			pkts += c.XmitPackets.Load()
-			recovery += c.Retransmits.Load() + c.RNRNaksSent.Load()
-			busy += c.EngineBusyNs.Load()
-		}
-		return pkts, recovery, busy
-	}
-	pollA := func() {
-		k, err := s.cqA.Poll(wcA)
-		if err != nil {
-			b.Fatal(err)
-		}
-		for _, c := range wcA[:k] {
-			if c.Status != verbs.WCSuccess {
-				b.Fatalf("send completion %+v", c)
-			}
-			perQP[c.WRID]--
-		}
-		doneA += k
-	}
-	pollB := func() {
-		k, err := s.cqB.Poll(wcB)
-		if err != nil {
-			b.Fatal(err)
-		}
-		for _, c := range wcB[:k] {
-			if c.Status != verbs.WCSuccess || c.ByteLen != scaleMsgSize {
-				b.Fatalf("receive completion %+v", c)
-			}
-			recv.WRID = c.WRID
-			recv.SG[0] = s.mrB.SGE(int(c.WRID)*64, 64)
-			if err := s.srqB.PostRecv(recv); err != nil {
-				b.Fatal(err)
-			}
-		}
-		doneB += k
-	}
-	next := 0
-	post := func() {
-		i := next
-		if next++; next == s.n {
-			next = 0
-		}
-		for sent-doneA >= window || perQP[i] >= depth || op == verbs.WRSend && sent-doneB >= window {
-			pollA()
-			if op == verbs.WRSend {
-				pollB()
-			}
-		}
-		wr.WRID = uint64(i)
-		if err := s.a[i].PostSend(wr); err != nil {
-			b.Fatal(err)
-		}
-		perQP[i]++
-		sent++
-	}
-	drain := func() {
-		for sent > doneA || op == verbs.WRSend && sent > doneB {
-			pollA()
-			if op == verbs.WRSend {
-				pollB()
-			}
-		}
-	}
-	// One message on every QP before the clock starts: the first use of
-	// a QP faults its send queue's page in and makes the device's state
-	// for it, costs of setting up rather than of a message.
-	for range s.n {
-		post()
-	}
-	drain()
-	pkts0, recovery0, busy0 := counts()
+	l := s.load(b, op, depth, window)
+	l.warm()
+	pkts0, recovery0, busy0 := s.counts()
 	for b.Loop() {
-		post()
+		l.post()
 	}
-	drain()
-	pkts, recovery, busy := counts()
+	l.drain()
+	pkts, recovery, busy := s.counts()
 	if recovery > recovery0 {
 		b.Errorf("%d retransmissions and RNR NAKs: the figures include recovery", recovery-recovery0)
 	}
 	b.ReportMetric(float64(pkts-pkts0)/float64(b.N), "pkts/msg")
 	b.ReportMetric(float64(busy-busy0)/float64(b.N), "dev-ns/msg")
 	b.ReportMetric(float64(b.N)/float64(s.n), "msgs/QP")
-	b.ReportMetric((s.devs[0].QPBytes()+s.devs[1].QPBytes())/2, "dev-B/QP")
+	var devBytes float64
+	for _, d := range s.devs {
+		devBytes += d.QPBytes()
+	}
+	b.ReportMetric(devBytes/float64(len(s.devs)), "dev-B/QP")
 	b.ReportMetric(s.heapPerQP, "heap-B/QP")
 	b.ReportMetric(s.queuePerQP, "queue-B/QP")
 	b.ReportMetric(s.mmapPerQP, "mmap-B/QP")
