@@ -635,7 +635,12 @@ func (d *Device) onResponse(q *qp, p *roce.Packet) {
 		}
 		return // else a duplicate of what was acknowledged
 	}
-	switch p.Opcode.Op() {
+	op := p.Opcode.Op()
+	if op != roce.Acknowledge && roce.PSNDiff(p.PSN, r.acked) <= 0 {
+		d.answeredAgain(q)
+		return
+	}
+	switch op {
 	case roce.Acknowledge:
 		d.onAck(q, p)
 	case roce.ReadResponseFirst, roce.ReadResponseMiddle, roce.ReadResponseLast, roce.ReadResponseOnly:
@@ -645,6 +650,23 @@ func (d *Device) onResponse(q *qp, p *roce.Packet) {
 	}
 	if !q.destroyed && q.state != qpstate.Err {
 		d.eng.schedule(q)
+	}
+}
+
+// answeredAgain handles a response to a READ or an atomic that completed
+// already: the responder answers a copy of the request, which the network
+// duplicated or which was sent again while the first answer was on its
+// way. That is no error, and it tells that the responder is working
+// through the requests in order: the acknowledgements of the requests
+// after this one come after these responses. The transport timer starts
+// over, the retries left as they are, so that a copy of a long READ,
+// answered again in full, does not use up retry_cnt while a later request
+// waits for its acknowledgement. A dead responder answers nothing and
+// still runs the timer out. Caller holds d.mu; r.q is not empty.
+func (d *Device) answeredAgain(q *qp) {
+	r := &q.req
+	if q.timeout != 0 && r.rnrUntil == 0 && r.timerAt != 0 {
+		d.eng.setTimer(q, d.eng.nowI.add(d.rto(q)))
 	}
 }
 
