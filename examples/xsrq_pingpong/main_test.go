@@ -112,7 +112,7 @@ func TestNodes(t *testing.T) {
 				}
 			}
 			for _, s := range []*hcatest.Service{a, b} {
-				if m := s.WaitClean(t); m["objects_xrcds"] != 0 || m["xrc_srq_errors"] != 0 {
+				if m := s.WaitIdle(t); m["xrc_srq_errors"] != 0 {
 					t.Errorf("%s after the run: %v", s.Name, m)
 				}
 			}

@@ -218,16 +218,43 @@ func (s *Service) Attach(t testing.TB) *verbs.Context {
 }
 
 // WaitClean waits until the device holds no PD, MR, CQ, SRQ or QP, and
-// fails the test after 10 seconds.
+// fails the test after 10 seconds. Clients may still be attached.
 func (s *Service) WaitClean(t testing.TB) map[string]uint64 {
+	t.Helper()
+	return s.waitCounts(t, "objects", func(m map[string]uint64) bool {
+		return m["objects_qps"]+m["objects_cqs"]+m["objects_mrs"]+m["objects_pds"]+m["objects_srqs"] == 0
+	})
+}
+
+// WaitIdle waits until the device serves no client and holds no object
+// (XRC domains included), and fails the test after 10 seconds. A process
+// that destroys its objects and then exits leaves the device holding
+// nothing but the client, until the device has read the end of its
+// connection.
+func (s *Service) WaitIdle(t testing.TB) map[string]uint64 {
+	t.Helper()
+	return s.waitCounts(t, "clients or objects", func(m map[string]uint64) bool {
+		var n uint64
+		for k, v := range m {
+			if strings.HasPrefix(k, "objects_") {
+				n += v
+			}
+		}
+		return n == 0
+	})
+}
+
+// waitCounts polls the device's counters until done holds of them, for up
+// to 10 seconds, and returns the last reading.
+func (s *Service) waitCounts(t testing.TB, what string, done func(map[string]uint64) bool) map[string]uint64 {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		m := s.Counters(t)
-		if m["objects_qps"]+m["objects_cqs"]+m["objects_mrs"]+m["objects_pds"]+m["objects_srqs"] == 0 {
+		if done(m) {
 			return m
 		}
 		if time.Now().After(deadline) {
-			t.Errorf("%s still holds objects: %v", s.Name, m)
+			t.Errorf("%s still holds %s: %v", s.Name, what, m)
 			return m
 		}
 	}
