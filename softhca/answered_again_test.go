@@ -9,6 +9,7 @@ import (
 
 	"github.com/xrcrun/xrc/softhca/roce"
 	"github.com/xrcrun/xrc/verbs"
+	"github.com/xrcrun/xrc/verbs/verbstest"
 )
 
 // A response to a READ or an atomic that completed already (the responder
@@ -19,7 +20,9 @@ import (
 func TestAnsweredAgain(t *testing.T) {
 	for _, atomic := range []bool{false, true} {
 		t.Run(map[bool]string{false: "READ", true: "atomic"}[atomic], func(t *testing.T) {
-			r := newRig(t)
+			// A transport timeout of about a second (18), so that a slow
+			// machine does not see the SEND's timer run out by itself.
+			r := newRigWith(t, verbstest.Options{Timeout: 18})
 			q := r.d.qps.get(r.qp.Num())
 			first := &verbs.SendWR{WRID: 1, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
 				SG: []verbs.SGE{r.mr.SGE(0, 16)}, RemoteAddr: 0x1000, RKey: 0x77}

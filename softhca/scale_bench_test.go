@@ -249,6 +249,9 @@ func scaleBringUp(b *testing.B, qp *verbs.QP, gid verbs.GID, qpn uint32) {
 // back to itself.
 func newScaleSetup(b *testing.B, devices, n int) *scaleSetup {
 	b.Helper()
+	if devices != 1 && devices != 2 {
+		b.Fatalf("%d devices: the setup has one or two", devices)
+	}
 	f := softhca.NewFabric()
 	devs := []*softhca.Device{newDevice(b, f)}
 	ca, ka := scaleOpen(b, devs[0])
