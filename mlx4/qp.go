@@ -366,6 +366,8 @@ func (qp *QP) checkSend(wr *verbs.SendWR, n uint32) error {
 		}
 	} else if len(wr.SG) > int(qp.sq.maxGS) {
 		return fail(unix.ENOMEM, "%d SGEs, QP takes %d", len(wr.SG), qp.sq.maxGS)
+	} else if err := checkSGLengths(wr.SG); err != nil {
+		return &verbs.PostError{Index: int(n), Err: err}
 	}
 	return nil
 }
@@ -412,6 +414,10 @@ func (qp *QP) PostRecv(wr *verbs.RecvWR) error {
 		}
 		if len(wr.SG) > int(qp.rq.maxGS) {
 			err = &verbs.PostError{Index: int(n), Err: unix.Errorf(unix.EINVAL, "%d SGEs, QP takes %d", len(wr.SG), qp.rq.maxGS)}
+			break
+		}
+		if e := checkSGLengths(wr.SG); e != nil {
+			err = &verbs.PostError{Index: int(n), Err: e}
 			break
 		}
 		i := qp.rq.head + n

@@ -104,6 +104,10 @@ func (s *SRQ) PostRecv(wr *verbs.RecvWR) error {
 			err = &verbs.PostError{Index: n, Err: unix.Errorf(unix.EINVAL, "%d SGEs, SRQ takes %d", len(wr.SG), s.maxGS)}
 			break
 		}
+		if e := checkSGLengths(wr.SG); e != nil {
+			err = &verbs.PostError{Index: n, Err: e}
+			break
+		}
 		if s.head == s.tail {
 			err = &verbs.PostError{Index: n, Err: unix.Error(unix.ENOMEM, "srq full")}
 			break
@@ -122,6 +126,17 @@ func (s *SRQ) PostRecv(wr *verbs.RecvWR) error {
 }
 
 // putRecvSG writes a receive scatter list from verbs SGEs.
+// checkSGLengths refuses an SGE of 2 GiB or more: a data segment's byte
+// count has 31 bits, and 0x80000000 means an empty entry.
+func checkSGLengths(sg []verbs.SGE) error {
+	for i := range sg {
+		if sg[i].Length >= mlx4hw.InlineFlag {
+			return unix.Errorf(unix.EINVAL, "SGE %d of %d bytes: a data segment takes less than 2 GiB", i, sg[i].Length)
+		}
+	}
+	return nil
+}
+
 func putRecvSG(b []byte, sg []verbs.SGE, maxGS int) {
 	var i int
 	for i = range sg {

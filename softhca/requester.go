@@ -389,6 +389,9 @@ func (d *Device) fetch(q *qp, w *swqe) (uint8, bool) {
 		w.npkts = 1
 	default:
 		w.npkts = max(1, (w.length+mtu-1)/mtu)
+		if w.npkts > roce.MaxMessagePackets {
+			return mlx4hw.SyndromeLocalLengthErr, false
+		}
 	}
 	w.psn = q.req.psn
 	q.req.psn = (q.req.psn + w.npkts) & roce.PSNMask

@@ -408,16 +408,17 @@ func (d *Device) recvError(q *qp, syndrome uint8) {
 
 func (d *Device) recvRead(q *qp, p *roce.Packet) {
 	s := &q.resp
-	if p.DMALen > 1<<31 {
+	mtu := q.mtu()
+	npkts := max(1, (p.DMALen+mtu-1)/mtu)
+	if p.DMALen > 1<<31 || npkts > roce.MaxMessagePackets {
 		d.fatal(q, p, roce.NakInvalidRequest)
 		return
 	}
 	if _, ok := d.startRemote(q, p, uint64(p.DMALen), accRemoteRead); !ok {
 		return
 	}
-	mtu := q.mtu()
 	r := d.remember(q)
-	*r = resource{valid: true, psn: p.PSN, npkts: max(1, (p.DMALen+mtu-1)/mtu), rkey: p.RKey, va: p.VA, length: p.DMALen, pd: q.respPD()}
+	*r = resource{valid: true, psn: p.PSN, npkts: npkts, rkey: p.RKey, va: p.VA, length: p.DMALen, pd: q.respPD()}
 	s.epsn = (s.epsn + r.npkts) & roce.PSNMask
 	s.msn = (s.msn + 1) & roce.PSNMask
 	d.queueRead(q, r, p.PSN)
