@@ -180,11 +180,11 @@ func (j *job) spec(control string) (agentSpec, func(), error) {
 	}
 	cleanup := func() {}
 	if j.mode == modeLocal {
-		dir, err := os.MkdirTemp("", "xrcrun-"+j.id+"-")
+		dir, remove, err := makeTempDir("xrcrun-" + j.id + "-")
 		if err != nil {
 			return s, nil, fmt.Errorf("launcher: runtime directory: %w", err)
 		}
-		cleanup = func() { os.RemoveAll(dir) }
+		cleanup = remove
 		s.RuntimeDir = dir
 		s.Emulated = j.cfg.nodes > 0
 		s.AddrFallback = j.cfg.baseAddr == ""

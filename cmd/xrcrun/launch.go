@@ -190,7 +190,7 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	n := c.n
 	if n == 0 {
-		n = defaultRanks(nodes)
+		n = defaultRanks(nodes, c.ppn)
 	}
 	p, err := place(n, nodes, c.ppn, c.byNode)
 	if err != nil {
@@ -251,17 +251,22 @@ func (c *launchConfig) where(getenv func(string) string) (launchMode, []node, er
 	return modeLocal, make([]node, 1), nil
 }
 
-// defaultRanks is the job size without -n: every slot, else one rank per
-// node.
-func defaultRanks(nodes []node) int {
+// defaultRanks is the job size without -n: ppn ranks on every node with
+// --ppn, else every node's slots, one for a node whose slots are not
+// given (mpirun's defaults).
+func defaultRanks(nodes []node, ppn int) int {
 	total := 0
 	for _, nd := range nodes {
-		total += nd.Slots
+		switch {
+		case ppn > 0:
+			total += ppn
+		case nd.Slots > 0:
+			total += nd.Slots
+		default:
+			total++
+		}
 	}
-	if total > 0 {
-		return total
-	}
-	return len(nodes)
+	return total
 }
 
 // newJobID returns a random job name and key.

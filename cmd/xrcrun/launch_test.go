@@ -420,6 +420,32 @@ func TestLaunchInterrupt(t *testing.T) {
 	}
 }
 
+// TestLaunchSecondSignal: a second signal ends the launcher at once,
+// within the grace period of the first, and the launcher's temporary
+// directories go with it.
+func TestLaunchSecondSignal(t *testing.T) {
+	t.Parallel()
+	_, rank := tools(t)
+	j := startJob(t, ".", nil, "-n", "2", "--nodes", "2", "--grace", "3s", rank, "-hang", "-ignore-term", "-child")
+	j.waitLines(2, regexp.MustCompile(`^child \d+$`), time.Minute)
+	dirs := func() []string {
+		m, _ := filepath.Glob(filepath.Join(os.TempDir(), "xrcrun-"+j.id+"-*"))
+		return m
+	}
+	if len(dirs()) == 0 {
+		t.Fatal("no runtime directory while the job runs: the test proves nothing")
+	}
+	j.cmd.Process.Signal(syscall.SIGINT)
+	time.Sleep(200 * time.Millisecond)
+	j.cmd.Process.Signal(syscall.SIGINT)
+	if st := j.wait(30 * time.Second); st != 130 {
+		t.Errorf("exit status %d, want 130\n%s", st, j.stderr.String())
+	}
+	if left := dirs(); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}
+
 func TestLaunchTimeout(t *testing.T) {
 	t.Parallel()
 	_, rank := tools(t)

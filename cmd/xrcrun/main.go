@@ -33,6 +33,7 @@ func main() {
 			// exit one by one.
 			if len(os.Args) < 2 || os.Args[1] != "agent" {
 				fmt.Fprintln(os.Stderr, "xrcrun: second signal; exiting now")
+				removeTempDirs()
 				os.Exit(signalCause{s}.ExitStatus())
 			}
 		}

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 	"syscall"
 	"time"
@@ -31,11 +30,11 @@ type nodeDevice struct {
 func setupDevice(ctx context.Context, spec agentSpec, node int, log *slog.Logger) (*nodeDevice, error) {
 	dir, removeDir := spec.RuntimeDir, func() {}
 	if dir == "" {
-		d, err := os.MkdirTemp("", "xrcrun-"+spec.JobID+"-")
+		d, remove, err := makeTempDir("xrcrun-" + spec.JobID + "-")
 		if err != nil {
 			return nil, fmt.Errorf("runtime directory: %w", err)
 		}
-		dir, removeDir = d, func() { os.RemoveAll(d) }
+		dir, removeDir = d, remove
 	}
 	if !spec.Emulated {
 		if name, ok := kernelDevice(); ok {

@@ -61,3 +61,26 @@ func TestPlaceMixedSlots(t *testing.T) {
 		t.Errorf("got %v, %v", p.Node, err)
 	}
 }
+
+// Without -n the job takes --ppn ranks on every node, else every node's
+// slots, one on a node with none given; and the ranks fit the nodes.
+func TestDefaultRanks(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		nodes []node
+		ppn   int
+		want  []int // node of each rank
+	}{
+		{"emulated", make([]node, 3), 0, []int{0, 1, 2}},
+		{"emulated, ppn", make([]node, 2), 2, []int{0, 0, 1, 1}},
+		{"slots", []node{{Host: "a", Slots: 2}, {Host: "b", Slots: 1}}, 0, []int{0, 0, 1}},
+		{"slots, ppn", []node{{Host: "a", Slots: 4}, {Host: "b", Slots: 4}}, 2, []int{0, 0, 1, 1}},
+		{"a host without slots", []node{{Host: "a", Slots: 2}, {Host: "b"}, {Host: "c", Slots: 1}}, 0, []int{0, 0, 1, 2}},
+	} {
+		n := defaultRanks(c.nodes, c.ppn)
+		p, err := place(n, c.nodes, c.ppn, false)
+		if err != nil || !reflect.DeepEqual(p.Node, c.want) {
+			t.Errorf("%s: %d ranks placed on %v, %v; want %v", c.name, n, p.Node, err, c.want)
+		}
+	}
+}

@@ -51,11 +51,10 @@ func buildProgram(ctx context.Context, pkg string, stderr io.Writer) (string, fu
 	if err != nil {
 		return "", nil, fmt.Errorf("build %s: a Go package needs the go command: %w", pkg, err)
 	}
-	dir, err := os.MkdirTemp("", "xrcrun-build-")
+	dir, cleanup, err := makeTempDir("xrcrun-build-")
 	if err != nil {
 		return "", nil, fmt.Errorf("build %s: %w", pkg, err)
 	}
-	cleanup := func() { os.RemoveAll(dir) }
 	out := filepath.Join(dir, filepath.Base(strings.TrimRight(pkg, "/")))
 	if b := filepath.Base(out); b == "." || b == ".." || b == "/" {
 		out = filepath.Join(dir, "program")
