@@ -125,7 +125,6 @@ func (s *SRQ) PostRecv(wr *verbs.RecvWR) error {
 	return err
 }
 
-// putRecvSG writes a receive scatter list from verbs SGEs.
 // checkSGLengths refuses an SGE of 2 GiB or more: a data segment's byte
 // count has 31 bits, and 0x80000000 means an empty entry.
 func checkSGLengths(sg []verbs.SGE) error {
@@ -137,6 +136,7 @@ func checkSGLengths(sg []verbs.SGE) error {
 	return nil
 }
 
+// putRecvSG writes a receive scatter list from verbs SGEs.
 func putRecvSG(b []byte, sg []verbs.SGE, maxGS int) {
 	var i int
 	for i = range sg {

@@ -30,6 +30,11 @@ const envStreamer = "XRC_TEST_STREAMER"
 func TestClientKilledStreaming(t *testing.T) {
 	dir := t.TempDir()
 	a, b := hcatest.Start(t, dir), hcatest.Start(t, dir)
+	// No transport timer may fire while a stream runs; after the kill one
+	// may, when the receiving device drops the dead client's QP before the
+	// sending one does.
+	timeouts := func() int64 { return transportTimeouts(t, a) + transportTimeouts(t, b) }
+	settled := timeouts()
 	for i := range 50 {
 		cmd, out := startClient(t, envStreamer+"="+a.Name+","+b.Name, softhca.RuntimeDirEnv+"="+dir)
 		line, err := bufio.NewReader(out).ReadString('\n')
@@ -39,10 +44,14 @@ func TestClientKilledStreaming(t *testing.T) {
 			t.Fatalf("streamer %d: %q, %v", i, line, err)
 		}
 		time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
+		if n := timeouts() - settled; n != 0 {
+			t.Errorf("streamer %d: %d transport timeouts while it streamed on a lossless link", i, n)
+		}
 		cmd.Process.Signal(syscall.SIGKILL)
 		cmd.Wait()
 		a.WaitClean(t)
 		b.WaitClean(t)
+		settled = timeouts() // no QP is left to fire one
 	}
 	if m := a.Counters(t); m["port_xmit_packets"] < 1000 {
 		t.Fatalf("the streams sent only %d packets", m["port_xmit_packets"])

@@ -3,9 +3,11 @@
 package softhca
 
 import (
+	"bytes"
 	"errors"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/xrcrun/xrc/softhca/roce"
 	"github.com/xrcrun/xrc/verbs"
@@ -63,5 +65,50 @@ func TestReadTooManyPackets(t *testing.T) {
 		if p := got[0]; p.Opcode.Op() != roce.Acknowledge || p.Syndrome != roce.AETHNak|c.want || p.PSN != 0x1234 {
 			t.Errorf("READ of %d bytes: %v PSN %#x syndrome %#x, want a NAK %#x of PSN 0x1234", c.n, p.Opcode, p.PSN, p.Syndrome, c.want)
 		}
+	}
+}
+
+// Every PSN a requester has outstanding lies less than 2^23 past the last
+// acknowledged one: a READ whose responses would end further waits for
+// the READ before it, and that READ's responses are taken (with both
+// outstanding, PSN comparisons dropped them as responses to requests never
+// sent). At MTU 256 the first READ takes 2^23-1 PSNs, the most a message
+// may.
+func TestOutstandingWithinHalfPSNSpace(t *testing.T) {
+	r := newRigWith(t, verbstest.Options{MTU: verbs.MTU256})
+	q := r.d.qps.get(r.qp.Num())
+	buf, err := verbs.Alloc(1 << 31) // never touched but by one response
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { verbs.Free(buf) })
+	mr, err := r.pd.RegMR(buf, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mr.Close() })
+	if err := r.qp.PostSend(&verbs.SendWR{WRID: 1, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
+		SG: []verbs.SGE{mr.SGE(0, 1<<31-256)}, RemoteAddr: 0x1000, RKey: 0x77,
+		Next: &verbs.SendWR{WRID: 2, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
+			SG: []verbs.SGE{mr.SGE(0, 512)}, RemoteAddr: 0x1000, RKey: 0x77}}); err != nil {
+		t.Fatal(err)
+	}
+	got := r.sink.collect(t, 1)
+	time.Sleep(20 * time.Millisecond)
+	if got = append(got, r.sink.drain()...); len(got) != 1 {
+		t.Errorf("%d READ requests sent, want the first only", len(got))
+	}
+	errs := r.d.counters.RcvErrors.Load()
+	r.inject(func(p *roce.Packet) {
+		p.Opcode, p.PSN, p.Syndrome = roce.ReadResponseFirst, 0x1234, roce.AETHAck
+		p.Payload = append(p.Payload[:0], bytes.Repeat([]byte{'R'}, 256)...)
+	})
+	waitFor(t, "the first response taken", func() bool {
+		r.d.mu.Lock()
+		defer r.d.mu.Unlock()
+		return len(q.req.q) > 0 && q.req.q[0].rdGot == 256
+	})
+	if n := r.d.counters.RcvErrors.Load() - errs; n != 0 {
+		t.Errorf("%d receive errors", n)
 	}
 }

@@ -280,6 +280,12 @@ func (d *Device) pump(q *qp) {
 		if w.sent == 0 && (w.w.Fence && r.rdAtomic > 0 || w.rdAtomic() && r.rdAtomic >= int(max(q.maxRdAtomic, 1))) {
 			break
 		}
+		if w.sent == 0 && (w.lastPSN()-r.acked)&roce.PSNMask > roce.MaxMessagePackets {
+			// Its last PSN would lie half the PSN space or more past the
+			// last acknowledged one, where PSN comparisons cannot tell
+			// it from an old one: it waits for the requests before it.
+			break
+		}
 		if w.rdAtomic() {
 			// One request packet; the responses take up the rest of
 			// the PSNs.

@@ -240,7 +240,7 @@ func TestFatalNAKAfterLongRead(t *testing.T) {
 }
 
 // A QP reset while READ responses stream, and brought back, stays listed
-// once in the engine's READ queue when a new READ comes (listed twice, it
+// once in the engine's READ queue when new READs come (listed twice, it
 // would send twice its share a round).
 func TestResetQPListedOnce(t *testing.T) {
 	r := newRigWith(t, verbstest.Options{MTU: verbs.MTU256})
@@ -250,11 +250,11 @@ func TestResetQPListedOnce(t *testing.T) {
 	for _, st := range []qpstate.State{qpstate.Reset, qpstate.Init, qpstate.RTR, qpstate.RTS} {
 		r.d.setState(q, st) // as modifies do, with the attributes the QP has
 	}
-	r.inject(func(p *roce.Packet) {
-		p.Opcode, p.PSN, p.VA, p.RKey, p.DMALen = roce.ReadRequest, readPSN, r.mr.Addr(), r.mr.RKey(), 1<<20
-	})
+	// The READs again, from the first PSN: as many responses as before,
+	// so that a slow machine catches these mid-stream too.
+	r.readRequests()
 	r.d.mu.Unlock()
-	r.lockedWhen(t, "the new READ streaming", func() bool { return len(q.resp.reads) > 0 })
+	r.lockedWhen(t, "the new READs streaming", func() bool { return len(q.resp.reads) > 0 })
 	n := 0
 	for _, x := range r.d.eng.readq {
 		if x == q {

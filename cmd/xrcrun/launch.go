@@ -242,8 +242,8 @@ func (c *launchConfig) where(getenv func(string) string) (launchMode, []node, er
 			return 0, nil, err
 		}
 		if ok {
-			if c.n == 0 && a.Tasks > 0 {
-				c.n = a.Tasks
+			if c.n == 0 && c.ppn == 0 && a.Tasks > 0 {
+				c.n = a.Tasks // with --ppn, defaultRanks: ppn on every node
 			}
 			return modeSlurm, a.Nodes, nil
 		}
@@ -251,9 +251,9 @@ func (c *launchConfig) where(getenv func(string) string) (launchMode, []node, er
 	return modeLocal, make([]node, 1), nil
 }
 
-// defaultRanks is the job size without -n: ppn ranks on every node with
-// --ppn, else every node's slots, one for a node whose slots are not
-// given (mpirun's defaults).
+// defaultRanks is the job size without -n (and, in a Slurm allocation,
+// without SLURM_NTASKS): ppn ranks on every node with --ppn, else every
+// node's slots, one for a node whose slots are not given.
 func defaultRanks(nodes []node, ppn int) int {
 	total := 0
 	for _, nd := range nodes {

@@ -59,3 +59,25 @@ func TestSlurmFromEnv(t *testing.T) {
 		t.Error("a task count per node that does not match the node list was accepted")
 	}
 }
+
+// In an allocation the job takes SLURM_NTASKS ranks without -n, but
+// --ppn ranks on every node with --ppn (which SLURM_NTASKS may exceed).
+func TestSlurmDefaultRanks(t *testing.T) {
+	env := map[string]string{"SLURM_JOB_ID": "77", "SLURM_NODELIST": "n[1-2]", "SLURM_NTASKS": "8", "SLURM_TASKS_PER_NODE": "4(x2)"}
+	for _, c := range []struct {
+		ppn, want int
+	}{{0, 8}, {2, 4}} {
+		cfg := &launchConfig{ppn: c.ppn}
+		mode, nodes, err := cfg.where(func(k string) string { return env[k] })
+		if err != nil || mode != modeSlurm {
+			t.Fatalf("ppn %d: mode %v, %v", c.ppn, mode, err)
+		}
+		n := cfg.n
+		if n == 0 {
+			n = defaultRanks(nodes, cfg.ppn)
+		}
+		if _, err := place(n, nodes, cfg.ppn, false); err != nil || n != c.want {
+			t.Errorf("ppn %d: %d ranks (%v), want %d", c.ppn, n, err, c.want)
+		}
+	}
+}

@@ -186,10 +186,12 @@ const (
 // PSNMask keeps the 24 bits of a packet sequence number.
 const PSNMask = 0xffffff
 
-// MaxMessagePackets is the most packets one message may take: PSNDiff
-// compares PSNs within half the PSN space, so the first and last packets
-// of a message must be less than 2^23 apart. A message of 2^31 bytes, the
-// largest there is, takes 2^23 packets at an MTU of 256, one too many.
+// MaxMessagePackets is the most packets one message may take. PSNDiff
+// compares PSNs within half the PSN space, so every PSN a requester has
+// outstanding must lie less than 2^23 past the last acknowledged one: a
+// message's packets (a READ's responses) after the PSN before its first.
+// A message of 2^31 bytes, the largest there is, takes 2^23 packets at an
+// MTU of 256, one too many.
 const MaxMessagePackets = 1<<23 - 1
 
 // PSNDiff returns a-b as a signed distance in the 24-bit PSN space.
