@@ -438,8 +438,8 @@ func TestLaunchSecondSignal(t *testing.T) {
 	j.cmd.Process.Signal(syscall.SIGINT)
 	time.Sleep(200 * time.Millisecond)
 	j.cmd.Process.Signal(syscall.SIGINT)
-	if st := j.wait(30 * time.Second); st != 130 {
-		t.Errorf("exit status %d, want 130\n%s", st, j.stderr.String())
+	if st := j.wait(30 * time.Second); st != 130 || !strings.Contains(j.stderr.String(), "second signal; exiting now") {
+		t.Errorf("exit status %d, want 130 after the second signal\n%s", st, j.stderr.String())
 	}
 	if left := dirs(); len(left) != 0 {
 		t.Errorf("left behind: %v", left)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"sync"
 )
@@ -10,7 +11,8 @@ import (
 // launcher at once (os.Exit), so main removes what is left first.
 var tempDirs struct {
 	sync.Mutex
-	m map[string]bool
+	m      map[string]bool
+	closed bool // removeTempDirs ran: the process is exiting
 }
 
 // makeTempDir makes a temporary directory, as os.MkdirTemp("", pattern),
@@ -21,11 +23,15 @@ func makeTempDir(pattern string) (string, func(), error) {
 		return "", nil, err
 	}
 	tempDirs.Lock()
+	defer tempDirs.Unlock()
+	if tempDirs.closed {
+		os.RemoveAll(dir)
+		return "", nil, errors.New("xrcrun is exiting")
+	}
 	if tempDirs.m == nil {
 		tempDirs.m = map[string]bool{}
 	}
 	tempDirs.m[dir] = true
-	tempDirs.Unlock()
 	return dir, func() {
 		tempDirs.Lock()
 		delete(tempDirs.m, dir)
@@ -39,6 +45,7 @@ func makeTempDir(pattern string) (string, func(), error) {
 func removeTempDirs() {
 	tempDirs.Lock()
 	defer tempDirs.Unlock()
+	tempDirs.closed = true
 	for dir := range tempDirs.m {
 		os.RemoveAll(dir)
 		delete(tempDirs.m, dir)
