@@ -41,6 +41,7 @@ type engine struct {
 	bad        uint64           // malformed or impossible frames received
 
 	hdr      [hdrLen]byte  // scratch for a frame's header, under the lock
+	parts    [2][]byte     // scratch for a frame's parts in send, under the lock
 	token    chan struct{} // held by the goroutine driving progress
 	eagerMax int           // largest payload sent eagerly
 	spin     time.Duration // how long a driver polls before it sleeps
@@ -71,21 +72,23 @@ func (e *engine) route(world int) (transport.Transport, error) {
 	return e.routes[world], nil
 }
 
-// send sends a frame to world rank dst through tr, or queues a copy of it
-// behind the frames already waiting for that rank. It returns whether the
-// frame went out; a queued one completes r (if not nil) when it does. The
-// lock is held.
-func (e *engine) send(tr transport.Transport, dst int, r *Request, parts ...[]byte) (bool, error) {
+// send sends a frame, hdr and then body (which may be empty), to world
+// rank dst through tr, or queues a copy of it behind the frames already
+// waiting for that rank. It returns whether the frame went out; a queued
+// one completes r (if not nil) when it does. The lock is held.
+func (e *engine) send(tr transport.Transport, dst int, r *Request, hdr, body []byte) (bool, error) {
 	if len(e.backlog[dst]) == 0 {
-		ok, err := tr.TrySend(dst, parts...)
+		// The parts go in the engine's scratch array, which a variadic
+		// slice of their own, escaping through the interface call, would
+		// cost an allocation per frame. TrySend copies them.
+		e.parts[0], e.parts[1] = hdr, body
+		ok, err := tr.TrySend(dst, e.parts[:]...)
+		e.parts = [2][]byte{} // holds no buffer of the caller's
 		if err != nil || ok {
 			return ok, err
 		}
 	}
-	var f []byte
-	for _, p := range parts {
-		f = append(f, p...)
-	}
+	f := append(append([]byte(nil), hdr...), body...)
 	e.backlog[dst] = append(e.backlog[dst], queued{f, r})
 	return false, nil
 }

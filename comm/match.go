@@ -121,7 +121,7 @@ func (e *engine) ReadDone(cookie uint64, err error) {
 		(&header{kind: kindPush, ctx: r.c.ctx, src: int32(r.c.rank), id: r.rdvID}).put(f[:])
 		tr, rerr := e.route(r.rdvWorld)
 		if rerr == nil {
-			_, rerr = e.send(tr, r.rdvWorld, nil, f[:])
+			_, rerr = e.send(tr, r.rdvWorld, nil, f[:], nil)
 		}
 		if rerr == nil {
 			return
@@ -141,7 +141,7 @@ func (e *engine) finish(r *Request, err error) {
 	var fin [hdrLen]byte
 	(&header{kind: kindFIN, ctx: r.c.ctx, src: int32(r.c.rank), id: r.rdvID}).put(fin[:])
 	if tr, rerr := e.route(r.rdvWorld); rerr == nil {
-		if _, serr := e.send(tr, r.rdvWorld, nil, fin[:]); serr != nil && err == nil {
+		if _, serr := e.send(tr, r.rdvWorld, nil, fin[:], nil); serr != nil && err == nil {
 			err = serr
 		}
 	}
@@ -170,6 +170,9 @@ func (e *engine) takeUnexpected(c *Comm, r *Request) *inMsg {
 func removeAt[T any](q []*T, i int) []*T {
 	if i == 0 {
 		q[0] = nil
+		if len(q) == 1 {
+			return q[:0] // the array stays, for the next append
+		}
 		return q[1:]
 	}
 	copy(q[i:], q[i+1:])
