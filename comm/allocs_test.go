@@ -43,10 +43,11 @@ func TestPingPongAllocs(t *testing.T) {
 		pp()
 	}
 	// Counted as -benchmem counts, at the CPUs the test has
-	// (testing.AllocsPerRun would take them down to one, where the ranks
-	// sleep and wake, which allocates). A rank that a loaded machine keeps
-	// waiting past comm's spin sleeps too: half an allocation a round trip
-	// is let go, where one a message would make two.
+	// (testing.AllocsPerRun would take them down to one). A rank that a
+	// loaded machine keeps waiting past comm's spin sleeps, which
+	// allocates nothing either with a context that cannot end; half an
+	// allocation a round trip is let go all the same, where one a message
+	// would make two.
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	for range rounds {

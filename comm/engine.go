@@ -104,7 +104,9 @@ func (e *engine) flush() (int, error) {
 	for dst, qs := range e.backlog {
 		tr := e.routes[dst]
 		for len(qs) > 0 {
-			ok, err := tr.TrySend(dst, qs[0].f)
+			e.parts[0] = qs[0].f // as in send: no slice of its own to escape
+			ok, err := tr.TrySend(dst, e.parts[:1]...)
+			e.parts[0] = nil
 			if err != nil {
 				return n, err
 			}
@@ -213,10 +215,6 @@ func (e *engine) await(ctx context.Context, cond func() bool, chans func() []<-c
 	return nil
 }
 
-// drive progresses until cond holds, polling for e.spin (not at all if
-// negative) after the last
-// thing that happened and then sleeping on the rank's bell. The caller
-// holds the token.
 // spinAlone is how long drive spins before it lets other goroutines have
 // its P between polls. A small message's reply comes well within it when
 // the peer runs on a CPU of its own, so a ping-pong never yields. Past it
@@ -227,6 +225,10 @@ func (e *engine) await(ctx context.Context, cond func() bool, chans func() []<-c
 // the yield.
 const spinAlone = 50 * time.Microsecond
 
+// drive progresses until cond holds, polling for e.spin after the last
+// thing that happened (with a negative e.spin, twice) and then sleeping on
+// the rank's bell. From spinAlone after it began, it yields its P between
+// polls. The caller holds the token.
 func (e *engine) drive(ctx context.Context, cond func() bool) error {
 	var stop func() bool // the context's wake-up, armed before the first sleep
 	defer func() {
@@ -234,7 +236,8 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 			stop()
 		}
 	}()
-	idleSince := time.Now()
+	start := time.Now()
+	idleSince := start
 	bell := e.shm.Bell()
 	for i := 0; ; i++ {
 		// The bell's count before looking: a Kick (a completion of another
@@ -268,8 +271,8 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 		if e.spin >= 0 && i&15 != 0 {
 			continue
 		}
-		if idle := time.Since(idleSince); e.spin >= 0 && idle < e.spin {
-			if idle >= spinAlone {
+		if now := time.Now(); e.spin >= 0 && now.Sub(idleSince) < e.spin {
+			if now.Sub(start) >= spinAlone {
 				// Let the other goroutines of this P run while spinning:
 				// the program's own, or another rank of this process,
 				// which may be the one to send what this one waits for.
@@ -280,7 +283,7 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 		// Sleep until a sender rings; the timeout bounds how late a
 		// wake-up that is not a frame (a backlog's room, the job's
 		// end) is noticed.
-		if stop == nil {
+		if stop == nil && ctx.Done() != nil { // a context that cannot end needs none
 			stop = context.AfterFunc(ctx, func() { e.shm.Bell().Kick() })
 		}
 		if err := bell.WaitFrom(seq, 10*time.Millisecond); err != nil {
