@@ -265,17 +265,32 @@ func (d *Device) recvWrite(q *qp, p *roce.Packet) {
 		d.fatal(q, p, roce.NakInvalidRequest)
 		return
 	}
-	if op.HasImm() && !s.hasRecv && !d.takeRecv(q, p) {
-		return // RNR: the data comes again with the retry
+	if op.HasImm() && !s.hasRecv {
+		// The bytes before this packet go to memory first: if they
+		// cannot, the NAK is theirs, not an RNR NAK of this packet,
+		// which would acknowledge them.
+		if d.endRun(); q.state == qpstate.Err {
+			return
+		}
+		if !d.takeRecv(q, p) {
+			return // RNR: the data comes again with the retry
+		}
 	}
-	if n > 0 && !s.wm.write(s.wva+uint64(s.off), p.Payload) {
+	if n > 0 && !d.placeWrite(q, p, s.wm, s.wva+uint64(s.off)) {
 		d.fatal(q, p, roce.NakRemoteOpErr)
 		return
+	}
+	if q.state == qpstate.Err {
+		return // an earlier packet's bytes could not be written
 	}
 	s.off += n
 	d.accept(q, p)
 	if op.IsLast() {
 		if op.HasImm() {
+			// The completion says the bytes are in memory.
+			if d.endRun(); q.state == qpstate.Err {
+				return
+			}
 			e := mlx4hw.CQE{Opcode: mlx4hw.RecvOpRDMAWriteImm, ByteCnt: s.wlen, Immed: p.Imm}
 			d.completeRecv(q, &e, p.SE)
 		} else {

@@ -4,23 +4,27 @@ package softhca
 
 import (
 	"github.com/xrcrun/xrc/internal/mlx4hw"
+	"github.com/xrcrun/xrc/internal/qpstate"
 	"github.com/xrcrun/xrc/softhca/roce"
 )
 
-// writeRun holds the payloads of READ response packets that go, one after
-// another, to consecutive bytes of memory the device reaches through
-// another process, so that they are written with one process_vm_writev
-// instead of one each: the system call's fixed cost (finding the process,
-// checking access, pinning the pages) is most of what placing a 4 KiB
-// packet that way costs.
+// writeRun holds the payloads of packets that go, one after another, to
+// consecutive bytes of memory the device reaches through another process,
+// so that they are written with one process_vm_writev instead of one each:
+// the system call's fixed cost (finding the process, checking access,
+// pinning the pages) is most of what placing a 4 KiB packet that way
+// costs. The packets are a READ's responses (the requester's run, w set)
+// or an RDMA WRITE's request packets (the responder's run, w nil).
 //
-// A run belongs to one READ (q, w). It is written before anything that
-// depends on its bytes: the READ's completion, any packet that does not
-// continue it (Device.receive), an error of the READ, and the end of the
-// round's received packets, after which the buffers the payloads lie in
-// (the link's receive buffer) are used again. Only payloads outside their
-// packet's own storage join a run: a packet's storage goes back to the
-// engine's cache when the packet has been handled.
+// A run belongs to one READ (q, w) or one WRITE of q. It is written before
+// anything that depends on its bytes: the READ's completion, the WRITE's
+// completion (with immediate data) and its acknowledgement, any packet
+// that does not continue it (Device.receive), an error of the READ, and
+// the end of the round's received packets, after which the buffers the
+// payloads lie in (the link's receive buffer) are used again; the round's
+// acknowledgements go after that. Only payloads outside their packet's own
+// storage join a run: a packet's storage goes back to the engine's cache
+// when the packet has been handled.
 //
 // The engine owns its run; it is touched with d.mu held.
 type writeRun struct {
@@ -28,20 +32,29 @@ type writeRun struct {
 	addr uint64   // where the run starts in the client's memory
 	n    uint64   // bytes in the run
 	bufs [][]byte // the payloads, in order
-	q    *qp      // the READ's QP and WQE, nil when there is no run
-	w    *swqe
-	next uint32 // the PSN of the response packet that would continue it
+	q    *qp      // the QP, nil when there is no run
+	w    *swqe    // the READ's WQE; nil for a WRITE's run
+	psn  uint32   // the PSN of the run's first packet (a WRITE's NAK names it)
+	next uint32   // the PSN of the packet that would continue it
 }
 
-// continues reports whether p is the next response packet of the run's
-// READ, which the run may take. It does not look at the source: a stray
-// packet with the right QP number and PSN from elsewhere neither ends the
-// run nor joins it, since receive then drops it (its source GID is not
-// the QP's peer's).
+// continues reports whether p is the next packet of the run's READ (a
+// response) or WRITE (a request), which the run may take. It does not look
+// at the source: a stray packet with the right QP number and PSN from
+// elsewhere neither ends the run nor joins it, since receive then drops it
+// (its source GID is not the QP's peer's). Any other packet ends the run,
+// the peer's acknowledgements on the same QP included: correct, if slower.
 func (r *writeRun) continues(p *roce.Packet) bool {
-	op := p.Opcode.Op()
-	return (op == roce.ReadResponseMiddle || op == roce.ReadResponseLast) &&
-		p.PSN == r.next && p.DestQP == r.q.num
+	if p.PSN != r.next || p.DestQP != r.q.num {
+		return false
+	}
+	switch p.Opcode.Op() {
+	case roce.ReadResponseMiddle, roce.ReadResponseLast:
+		return r.w != nil
+	case roce.WriteMiddle, roce.WriteLast, roce.WriteLastImm:
+		return r.w == nil
+	}
+	return false
 }
 
 // placeRead writes the payload of READ response p into w's scatter list at
@@ -60,7 +73,9 @@ func (d *Device) placeRead(q *qp, w *swqe, p *roce.Packet) bool {
 		mem, addr = s.m.client.mem, s.m.addr+(s.va+uint64(off)-s.m.iova)
 	}
 	if r.q != nil && !(join && r.q == q && r.w == w && r.mem == mem && r.addr+r.n == addr) {
-		if !d.flushRun() {
+		if r.w != w {
+			d.endRun() // another's run: its failure is its own
+		} else if !d.flushRun() {
 			return false
 		}
 	}
@@ -68,16 +83,51 @@ func (d *Device) placeRead(q *qp, w *swqe, p *roce.Packet) bool {
 		return scatter(w.sg, w.rdGot, p.Payload)
 	}
 	if r.q == nil {
-		r.mem, r.addr, r.n, r.q, r.w = mem, addr, 0, q, w
+		r.mem, r.addr, r.n, r.q, r.w, r.psn = mem, addr, 0, q, w, p.PSN
 	}
+	r.add(p)
+	return true
+}
+
+// add appends p's payload to the run.
+func (r *writeRun) add(p *roce.Packet) {
 	r.bufs = append(r.bufs, p.Payload)
-	r.n += uint64(n)
+	r.n += uint64(len(p.Payload))
 	r.next = (p.PSN + 1) & roce.PSNMask
+}
+
+// placeWrite writes the payload of RDMA WRITE packet p at va of m: into
+// the run when it can (memory the device reaches through another process,
+// a payload outside its packet), else at once. It reports false if memory
+// could not be written; after a run of q's that could not be written (an
+// earlier packet's bytes), q is in the error state and has sent its NAK.
+func (d *Device) placeWrite(q *qp, p *roce.Packet, m *mr, va uint64) bool {
+	r := &d.eng.run
+	join := m.view == nil && !m.dead && !inStorage(p)
+	var mem memory
+	var addr uint64
+	if join {
+		mem, addr = m.client.mem, m.addr+(va-m.iova)
+	}
+	if r.q != nil && !(join && r.q == q && r.w == nil && r.mem == mem && r.addr+r.n == addr) {
+		d.endRun()
+		if q.state == qpstate.Err {
+			return true // the run's NAK is out; this packet answers to it
+		}
+	}
+	if !join {
+		return m.write(va, p.Payload)
+	}
+	if r.q == nil {
+		r.mem, r.addr, r.n, r.q, r.w, r.psn = mem, addr, 0, q, nil, p.PSN
+	}
+	r.add(p)
 	return true
 }
 
 // flushRun writes the run, if there is one, and ends it. It reports
-// whether the write succeeded; the caller fails the run's READ if not.
+// whether the write succeeded; the caller fails the run's READ if not
+// (endRun handles both kinds of run).
 func (d *Device) flushRun() bool {
 	r := &d.eng.run
 	if r.q == nil {
@@ -95,10 +145,20 @@ func (r *writeRun) reset() {
 	r.mem, r.q, r.w = nil, nil, nil
 }
 
-// endRun writes the run and fails its READ if that failed.
+// endRun writes the run. If that failed it fails the run's READ, or NAKs
+// the run's WRITE from its first packet, which puts the QP in the error
+// state (as a packet that could not be written at once does).
 func (d *Device) endRun() {
-	if q, w := d.eng.run.q, d.eng.run.w; !d.flushRun() {
+	r := &d.eng.run
+	q, w, psn := r.q, r.w, r.psn
+	if d.flushRun() {
+		return
+	}
+	switch {
+	case w != nil:
 		d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
+	case q.state != qpstate.Err: // else a packet of the run failed the QP, and NAKed
+		d.fatal(q, &roce.Packet{PSN: psn}, roce.NakRemoteOpErr)
 	}
 }
 
