@@ -3,7 +3,6 @@
 package comm
 
 import (
-	"context"
 	"runtime"
 	"testing"
 )
@@ -12,33 +11,8 @@ import (
 // Recv between two ranks of a node, allocates nothing, on either side, in
 // the steady state (the race detector allocates on its own: not under it).
 func TestPingPongAllocs(t *testing.T) {
-	comms := world(t, 2, nil)
-	ctx := context.Background()
 	const rounds = 2000
-	done := make(chan error, 1)
-	go func() {
-		buf := make([]byte, 8)
-		for range rounds + 101 {
-			if _, err := comms[1].Recv(ctx, buf, 0, 0); err != nil {
-				done <- err
-				return
-			}
-			if err := comms[1].Send(ctx, buf, 0, 0); err != nil {
-				done <- err
-				return
-			}
-		}
-		done <- nil
-	}()
-	buf := make([]byte, 8)
-	pp := func() {
-		if err := comms[0].Send(ctx, buf, 1, 0); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := comms[0].Recv(ctx, buf, 1, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pp, done := pingPong(t, world(t, 2, nil), 8, 101+rounds)
 	for range 101 {
 		pp()
 	}

@@ -502,12 +502,29 @@ func BenchmarkPingPong(b *testing.B) {
 }
 
 func benchPingPong(b *testing.B, size int) {
-	comms := world(b, 2, nil)
+	pp, done := pingPong(b, world(b, 2, nil), size, b.N+1)
+	pp()
+	b.SetBytes(int64(2 * size))
+	b.ResetTimer()
+	for range b.N {
+		pp()
+	}
+	b.StopTimer()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2000, "us-one-way")
+}
+
+// pingPong starts rank 1 of comms echoing rounds messages of size bytes
+// back to rank 0, and returns the round trip rank 0 makes and the channel
+// that gets the echo's end.
+func pingPong(tb testing.TB, comms []*Comm, size, rounds int) (func(), <-chan error) {
 	ctx := context.Background()
 	done := make(chan error, 1)
 	go func() {
 		buf := make([]byte, size)
-		for range b.N + 1 {
+		for range rounds {
 			if _, err := comms[1].Recv(ctx, buf, 0, 0); err != nil {
 				done <- err
 				return
@@ -520,25 +537,14 @@ func benchPingPong(b *testing.B, size int) {
 		done <- nil
 	}()
 	buf := make([]byte, size)
-	pp := func() {
+	return func() {
 		if err := comms[0].Send(ctx, buf, 1, 0); err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
 		if _, err := comms[0].Recv(ctx, buf, 1, 0); err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
-	}
-	pp()
-	b.SetBytes(int64(2 * size))
-	b.ResetTimer()
-	for range b.N {
-		pp()
-	}
-	b.StopTimer()
-	if err := <-done; err != nil {
-		b.Fatal(err)
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2000, "us-one-way")
+	}, done
 }
 
 // TestXRCObjects: a job of two nodes of two ranks over XRC, connected at

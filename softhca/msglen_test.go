@@ -19,19 +19,10 @@ import (
 // requester fails it with a local length error before sending anything.
 func TestMessageTooManyPackets(t *testing.T) {
 	r := newRigWith(t, verbstest.Options{MTU: verbs.MTU256})
-	buf, err := verbs.Alloc(1 << 31) // never touched: no memory is used
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { verbs.Free(buf) })
-	mr, err := r.pd.RegMR(buf, verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { mr.Close() })
+	mr := r.twoGiB(t)
 	// One SGE of 2 GiB does not fit an mlx4 data segment: the provider
 	// refuses it.
-	err = r.qp.PostSend(&verbs.SendWR{WRID: 8, Opcode: verbs.WRRDMAWrite, Flags: verbs.SendSignaled,
+	err := r.qp.PostSend(&verbs.SendWR{WRID: 8, Opcode: verbs.WRRDMAWrite, Flags: verbs.SendSignaled,
 		SG: []verbs.SGE{mr.SGE(0, 1<<31)}, RemoteAddr: 0x1000, RKey: 0x77})
 	var pe *verbs.PostError
 	if !errors.As(err, &pe) || !errors.Is(err, syscall.EINVAL) {
@@ -77,16 +68,7 @@ func TestReadTooManyPackets(t *testing.T) {
 func TestOutstandingWithinHalfPSNSpace(t *testing.T) {
 	r := newRigWith(t, verbstest.Options{MTU: verbs.MTU256})
 	q := r.d.qps.get(r.qp.Num())
-	buf, err := verbs.Alloc(1 << 31) // never touched but by one response
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { verbs.Free(buf) })
-	mr, err := r.pd.RegMR(buf, verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { mr.Close() })
+	mr := r.twoGiB(t)
 	if err := r.qp.PostSend(&verbs.SendWR{WRID: 1, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
 		SG: []verbs.SGE{mr.SGE(0, 1<<31-256)}, RemoteAddr: 0x1000, RKey: 0x77,
 		Next: &verbs.SendWR{WRID: 2, Opcode: verbs.WRRDMARead, Flags: verbs.SendSignaled,
@@ -111,4 +93,21 @@ func TestOutstandingWithinHalfPSNSpace(t *testing.T) {
 	if n := r.d.counters.RcvErrors.Load() - errs; n != 0 {
 		t.Errorf("%d receive errors", n)
 	}
+}
+
+// twoGiB registers 2 GiB of memory on the rig's PD for local writes. The
+// tests touch little of it, and untouched memory takes none.
+func (r *rig) twoGiB(t *testing.T) *verbs.MR {
+	t.Helper()
+	buf, err := verbs.Alloc(1 << 31)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { verbs.Free(buf) })
+	mr, err := r.pd.RegMR(buf, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mr.Close() })
+	return mr
 }
