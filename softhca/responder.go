@@ -227,14 +227,21 @@ func (d *Device) recvSend(q *qp, p *roce.Packet) {
 		d.fatal(q, p, roce.NakInvalidRequest)
 		return
 	}
-	if !scatter(s.recvSG, s.off, p.Payload) {
+	if !d.placeSend(q, p, s.recvSG, s.off) {
 		d.recvError(q, mlx4hw.SyndromeLocalProtErr)
 		d.fatal(q, p, roce.NakRemoteOpErr)
 		return
 	}
+	if q.state == qpstate.Err {
+		return // an earlier packet's bytes could not be written
+	}
 	s.off += uint32(len(p.Payload))
 	d.accept(q, p)
 	if op.IsLast() {
+		// The completion says the bytes are in memory.
+		if d.endRun(); q.state == qpstate.Err {
+			return
+		}
 		e := mlx4hw.CQE{Opcode: mlx4hw.RecvOpSend, ByteCnt: s.off}
 		if op.HasImm() {
 			e.Opcode, e.Immed = mlx4hw.RecvOpSendImm, p.Imm
@@ -414,6 +421,7 @@ func (d *Device) recvError(q *qp, syndrome uint8) {
 	if !s.hasRecv {
 		return
 	}
+	d.dropRun(q)
 	d.counters.LocalErrors.Add(1)
 	rcq, rqpn := q.recvCQ()
 	e := mlx4hw.CQE{MyQPN: q.num, GMLPath: rqpn, WQEIndex: uint16(s.recvIdx), Opcode: mlx4hw.CQEOpError, Syndrome: syndrome}
@@ -734,6 +742,7 @@ func (d *Device) flush(q *qp) {
 	r.q, r.sendIdx, r.rdAtomic = r.qbuf[:0], 0, 0
 	d.eng.cancelTimer(q)
 	d.flushPosted(q)
+	d.dropRun(q)
 	s := &q.resp
 	if s.hasRecv {
 		rcq, rqpn := q.recvCQ()

@@ -14,13 +14,15 @@ import (
 // the system call's fixed cost (finding the process, checking access,
 // pinning the pages) is most of what placing a 4 KiB packet that way
 // costs. The packets are a READ's responses (the requester's run, w set)
-// or an RDMA WRITE's request packets (the responder's run, w nil).
+// or the request packets of an RDMA WRITE or a SEND (the responder's run,
+// w nil). A run whose message fails is dropped, not written (dropRun, and
+// the READ's failure in onReadResponse).
 //
-// A run belongs to one READ (q, w) or one WRITE of q. It is written before
-// anything that depends on its bytes: the READ's completion, the WRITE's
-// completion (with immediate data) and its acknowledgement, any packet
-// that does not continue it (Device.receive), an error of the READ, and
-// the end of the round's received packets, after which the buffers the
+// A run belongs to one READ (q, w), or one WRITE or SEND of q. It is
+// written before anything that depends on its bytes: the READ's
+// completion, the WRITE's or SEND's completion and its acknowledgement,
+// any packet that does not continue it (Device.receive), and the end of
+// the round's received packets, after which the buffers the
 // payloads lie in (the link's receive buffer) are used again; the round's
 // acknowledgements go after that. Only payloads outside their packet's own
 // storage join a run: a packet's storage goes back to the engine's cache
@@ -33,8 +35,9 @@ type writeRun struct {
 	n    uint64   // bytes in the run
 	bufs [][]byte // the payloads, in order
 	q    *qp      // the QP, nil when there is no run
-	w    *swqe    // the READ's WQE; nil for a WRITE's run
-	psn  uint32   // the PSN of the run's first packet (a WRITE's NAK names it)
+	w    *swqe    // the READ's WQE; nil for a WRITE's or a SEND's run
+	send bool     // a SEND's run, into the receive's scatter list
+	psn  uint32   // the PSN of the run's first packet (a WRITE's or SEND's NAK names it)
 	next uint32   // the PSN of the packet that would continue it
 }
 
@@ -52,7 +55,9 @@ func (r *writeRun) continues(p *roce.Packet) bool {
 	case roce.ReadResponseMiddle, roce.ReadResponseLast:
 		return r.w != nil
 	case roce.WriteMiddle, roce.WriteLast, roce.WriteLastImm:
-		return r.w == nil
+		return r.w == nil && !r.send
+	case roce.SendMiddle, roce.SendLast, roce.SendLastImm:
+		return r.w == nil && r.send
 	}
 	return false
 }
@@ -83,7 +88,7 @@ func (d *Device) placeRead(q *qp, w *swqe, p *roce.Packet) bool {
 		return scatter(w.sg, w.rdGot, p.Payload)
 	}
 	if r.q == nil {
-		r.mem, r.addr, r.n, r.q, r.w, r.psn = mem, addr, 0, q, w, p.PSN
+		r.mem, r.addr, r.n, r.q, r.w, r.send, r.psn = mem, addr, 0, q, w, false, p.PSN
 	}
 	r.add(p)
 	return true
@@ -102,24 +107,57 @@ func (r *writeRun) add(p *roce.Packet) {
 // could not be written; after a run of q's that could not be written (an
 // earlier packet's bytes), q is in the error state and has sent its NAK.
 func (d *Device) placeWrite(q *qp, p *roce.Packet, m *mr, va uint64) bool {
-	r := &d.eng.run
 	join := m.view == nil && !m.dead && !inStorage(p)
 	var mem memory
 	var addr uint64
 	if join {
 		mem, addr = m.client.mem, m.addr+(va-m.iova)
 	}
-	if r.q != nil && !(join && r.q == q && r.w == nil && r.mem == mem && r.addr+r.n == addr) {
+	if !d.joinRun(q, p, join, false, mem, addr) {
+		return m.write(va, p.Payload)
+	}
+	return true
+}
+
+// placeSend writes the payload of SEND packet p into the receive's scatter
+// list sg at byte off: into the run when it can (a payload outside its
+// packet that lies in one element's memory, which the device reaches
+// through another process), else at once. It reports false if memory could
+// not be written; after a run of q's that could not be written, q is in
+// the error state and has sent its NAK.
+func (d *Device) placeSend(q *qp, p *roce.Packet, sg []lsge, off uint32) bool {
+	n := uint32(len(p.Payload))
+	e, eoff, ok := sgeAt(sg, off)
+	join := ok && n > 0 && eoff+n <= e.n && e.m.view == nil && !e.m.dead && !inStorage(p)
+	var mem memory
+	var addr uint64
+	if join {
+		mem, addr = e.m.client.mem, e.m.addr+(e.va+uint64(eoff)-e.m.iova)
+	}
+	if !d.joinRun(q, p, join, true, mem, addr) {
+		return scatter(sg, off, p.Payload)
+	}
+	return true
+}
+
+// joinRun adds the payload of q's request packet p, bound for addr of mem,
+// to the run if join, ending any run it does not continue first. It
+// reports whether p is taken care of: joined, or answered by the NAK of a
+// run of q's that could not be written (q is then in the error state);
+// else the caller writes p at once.
+func (d *Device) joinRun(q *qp, p *roce.Packet, join, send bool, mem memory, addr uint64) bool {
+	r := &d.eng.run
+	if r.q != nil && !(join && r.q == q && r.w == nil && r.send == send && r.mem == mem && r.addr+r.n == addr) {
 		d.endRun()
 		if q.state == qpstate.Err {
 			return true // the run's NAK is out; this packet answers to it
 		}
 	}
 	if !join {
-		return m.write(va, p.Payload)
+		return false
 	}
 	if r.q == nil {
-		r.mem, r.addr, r.n, r.q, r.w, r.psn = mem, addr, 0, q, nil, p.PSN
+		r.mem, r.addr, r.n, r.q, r.w, r.send, r.psn = mem, addr, 0, q, nil, send, p.PSN
 	}
 	r.add(p)
 	return true
@@ -127,7 +165,7 @@ func (d *Device) placeWrite(q *qp, p *roce.Packet, m *mr, va uint64) bool {
 
 // flushRun writes the run, if there is one, and ends it. It reports
 // whether the write succeeded; the caller fails the run's READ if not
-// (endRun handles both kinds of run).
+// (endRun handles every kind of run).
 func (d *Device) flushRun() bool {
 	r := &d.eng.run
 	if r.q == nil {
@@ -138,19 +176,30 @@ func (d *Device) flushRun() bool {
 	return err == nil
 }
 
+// dropRun ends a run of q's request packets without writing it, when q's
+// receive fails or q goes to the error state: the failed message's bytes
+// need not land, and must not land after the completion that fails it,
+// when the client may have taken its buffer back.
+func (d *Device) dropRun(q *qp) {
+	if r := &d.eng.run; r.q == q && r.w == nil {
+		r.reset()
+	}
+}
+
 // reset ends the run without writing it.
 func (r *writeRun) reset() {
 	clear(r.bufs)
 	r.bufs = r.bufs[:0]
-	r.mem, r.q, r.w = nil, nil, nil
+	r.mem, r.q, r.w, r.send = nil, nil, nil, false
 }
 
 // endRun writes the run. If that failed it fails the run's READ, or NAKs
-// the run's WRITE from its first packet, which puts the QP in the error
-// state (as a packet that could not be written at once does).
+// the run's WRITE or SEND from its first packet, which puts the QP in the
+// error state, and for a SEND fails its receive, as a packet that could
+// not be written at once does.
 func (d *Device) endRun() {
 	r := &d.eng.run
-	q, w, psn := r.q, r.w, r.psn
+	q, w, psn, send := r.q, r.w, r.psn, r.send
 	if d.flushRun() {
 		return
 	}
@@ -158,6 +207,9 @@ func (d *Device) endRun() {
 	case w != nil:
 		d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
 	case q.state != qpstate.Err: // else a packet of the run failed the QP, and NAKed
+		if send {
+			d.recvError(q, mlx4hw.SyndromeLocalProtErr)
+		}
 		d.fatal(q, &roce.Packet{PSN: psn}, roce.NakRemoteOpErr)
 	}
 }

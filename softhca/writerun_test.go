@@ -10,6 +10,7 @@ import (
 	"github.com/xrcrun/xrc/internal/qpstate"
 	"github.com/xrcrun/xrc/internal/unix"
 	"github.com/xrcrun/xrc/softhca/roce"
+	"github.com/xrcrun/xrc/verbs"
 	"github.com/xrcrun/xrc/verbs/verbstest"
 )
 
@@ -29,19 +30,24 @@ func (m *countingMemory) writev(addr uint64, bs [][]byte) error {
 	return m.memory.writev(addr, bs)
 }
 
-// The packets of an RDMA WRITE into memory the device reaches through the
-// client's process are written with one process_vm_writev a round, not
-// one each, before the acknowledgement; when that write fails, the WRITE
-// is NAKed from its first packet (remote operation error), the QP goes to
-// the error state, and no acknowledgement goes out. With immediate data
-// and no receive posted, the bytes before the last packet are written
-// before its RNR NAK would acknowledge them: failing, they get the NAK
-// of their own, and no RNR NAK goes out.
+// The packets of an RDMA WRITE or a SEND into memory the device reaches
+// through the client's process are written with one process_vm_writev a
+// round, not one each, before the acknowledgement (and the SEND's receive
+// completion); when that write fails, the message is NAKed from its first
+// packet (remote operation error), the QP goes to the error state, a
+// SEND's receive fails, and no acknowledgement goes out. With immediate
+// data and no receive posted, the bytes before a WRITE's last packet are
+// written before its RNR NAK would acknowledge them: failing, they get the
+// NAK of their own, and no RNR NAK goes out.
 func TestWriteRun(t *testing.T) {
 	for _, c := range []struct {
-		name      string
-		fail, imm bool
-	}{{"written", false, false}, {"unwritable", true, false}, {"unwritable, then no receive", true, true}} {
+		name            string
+		send, fail, imm bool
+	}{
+		{"WRITE written", false, false, false}, {"WRITE unwritable", false, true, false},
+		{"WRITE unwritable, then no receive", false, true, true},
+		{"SEND written", true, false, false}, {"SEND unwritable", true, true, false},
+	} {
 		fail := c.fail
 		t.Run(c.name, func(t *testing.T) {
 			r := newRigAll(t, verbstest.Options{}, true)
@@ -61,16 +67,26 @@ func TestWriteRun(t *testing.T) {
 				q.client.mem = mem.memory
 				r.d.mu.Unlock()
 			})
+			if c.send {
+				if err := r.qp.PostRecv(&verbs.RecvWR{WRID: 5, SG: []verbs.SGE{r.mr.SGE(4096, n*mtu)}}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			var ps []*roce.Packet
 			for i := range n {
 				p := getPacket()
 				p.SrcGID, p.DstGID, p.DestQP, p.PKey = r.sink.gid, r.d.gid, r.qp.Num(), 0xffff
-				p.PSN, p.Opcode, p.Payload = psn+uint32(i), roce.WriteMiddle, msg[i*mtu:(i+1)*mtu]
+				p.PSN, p.Payload = psn+uint32(i), msg[i*mtu:(i+1)*mtu]
+				first, middle, last := roce.WriteFirst, roce.WriteMiddle, roce.WriteLast
+				if c.send {
+					first, middle, last = roce.SendFirst, roce.SendMiddle, roce.SendLast
+				}
+				p.Opcode = middle
 				switch i {
 				case 0:
-					p.Opcode, p.VA, p.RKey, p.DMALen = roce.WriteFirst, r.mr.Addr()+4096, r.mr.RKey(), n*mtu
+					p.Opcode, p.VA, p.RKey, p.DMALen = first, r.mr.Addr()+4096, r.mr.RKey(), n*mtu
 				case n - 1:
-					p.Opcode, p.AckReq = roce.WriteLast, true
+					p.Opcode, p.AckReq = last, true
 					if c.imm {
 						p.Opcode, p.Imm = roce.WriteLastImm, 7 // no receive is posted
 					}
@@ -93,7 +109,12 @@ func TestWriteRun(t *testing.T) {
 					t.Fatalf("%v syndrome %#x PSN %#x, want the ACK of PSN %#x", a.Opcode, a.Syndrome, a.PSN, psn+n-1)
 				}
 				if !bytes.Equal(r.buf[4096:4096+n*mtu], msg) {
-					t.Error("the WRITE's bytes are not in memory")
+					t.Error("the message's bytes are not in memory")
+				}
+				if c.send {
+					if wc := pollWait(t, r.cq); wc.Status != verbs.WCSuccess || wc.WRID != 5 || wc.ByteLen != n*mtu {
+						t.Errorf("receive completion %+v", wc)
+					}
 				}
 				for _, p := range got[1:] {
 					t.Errorf("then %v syndrome %#x PSN %#x", p.Opcode, p.Syndrome, p.PSN)
@@ -107,6 +128,61 @@ func TestWriteRun(t *testing.T) {
 			for _, p := range got[1:] {
 				t.Errorf("then %v syndrome %#x PSN %#x", p.Opcode, p.Syndrome, p.PSN)
 			}
+			if c.send {
+				if wc := pollWait(t, r.cq); wc.Status != verbs.WCLocProtErr || wc.WRID != 5 {
+					t.Errorf("receive completion %+v, want a local protection error", wc)
+				}
+				wc := make([]verbs.WorkCompletion, 2)
+				if k, _ := r.cq.Poll(wc); k != 0 {
+					t.Errorf("more completions: %+v", wc[:k])
+				}
+			}
 		})
+	}
+}
+
+// A SEND that fails after some of its packets joined the run (it is longer
+// than its receive) drops the run: the receive's error completion says the
+// buffer is the client's again, and nothing may be written into it after.
+func TestWriteRunDroppedWithItsReceive(t *testing.T) {
+	r := newRigAll(t, verbstest.Options{}, true)
+	q := r.d.qps.get(r.qp.Num())
+	const mtu, psn, n = 1024, 0x1234, 6
+	msg := make([]byte, n*mtu)
+	r.d.mu.Lock()
+	mem := &countingMemory{memory: q.client.mem}
+	q.client.mem = mem
+	r.d.mu.Unlock()
+	t.Cleanup(func() {
+		r.d.mu.Lock()
+		q.client.mem = mem.memory
+		r.d.mu.Unlock()
+	})
+	if err := r.qp.PostRecv(&verbs.RecvWR{WRID: 5, SG: []verbs.SGE{r.mr.SGE(4096, 4*mtu)}}); err != nil {
+		t.Fatal(err)
+	}
+	var ps []*roce.Packet
+	for i := range n {
+		p := getPacket()
+		p.SrcGID, p.DstGID, p.DestQP, p.PKey = r.sink.gid, r.d.gid, r.qp.Num(), 0xffff
+		p.PSN, p.Opcode, p.Payload = psn+uint32(i), roce.SendMiddle, msg[i*mtu:(i+1)*mtu]
+		switch i {
+		case 0:
+			p.Opcode = roce.SendFirst
+		case n - 1:
+			p.Opcode = roce.SendLast
+		}
+		ps = append(ps, p)
+	}
+	r.d.eng.deliverAll(ps)
+	if wc := pollWait(t, r.cq); wc.Status != verbs.WCLocLenErr || wc.WRID != 5 {
+		t.Errorf("receive completion %+v, want a local length error", wc)
+	}
+	waitFor(t, "the device quiet", r.d.eng.quiet)
+	r.d.mu.Lock()
+	writevs := mem.writevs
+	r.d.mu.Unlock()
+	if writevs != 0 {
+		t.Errorf("%d process_vm_writev calls into the failed receive's buffer, want none", writevs)
 	}
 }
