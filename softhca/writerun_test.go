@@ -30,6 +30,21 @@ func (m *countingMemory) writev(addr uint64, bs [][]byte) error {
 	return m.memory.writev(addr, bs)
 }
 
+// countWrites puts a countingMemory in place of q's client memory until
+// the test ends.
+func (r *rig) countWrites(t *testing.T, q *qp, fail bool) *countingMemory {
+	r.d.mu.Lock()
+	defer r.d.mu.Unlock()
+	mem := &countingMemory{memory: q.client.mem, fail: fail}
+	q.client.mem = mem
+	t.Cleanup(func() {
+		r.d.mu.Lock()
+		q.client.mem = mem.memory
+		r.d.mu.Unlock()
+	})
+	return mem
+}
+
 // The packets of an RDMA WRITE or a SEND into memory the device reaches
 // through the client's process are written with one process_vm_writev a
 // round, not one each, before the acknowledgement (and the SEND's receive
@@ -58,15 +73,7 @@ func TestWriteRun(t *testing.T) {
 			for i := range msg {
 				msg[i] = byte(rng.Uint32())
 			}
-			r.d.mu.Lock()
-			mem := &countingMemory{memory: q.client.mem, fail: fail}
-			q.client.mem = mem
-			r.d.mu.Unlock()
-			t.Cleanup(func() {
-				r.d.mu.Lock()
-				q.client.mem = mem.memory
-				r.d.mu.Unlock()
-			})
+			mem := r.countWrites(t, q, fail)
 			if c.send {
 				if err := r.qp.PostRecv(&verbs.RecvWR{WRID: 5, SG: []verbs.SGE{r.mr.SGE(4096, n*mtu)}}); err != nil {
 					t.Fatal(err)
@@ -149,15 +156,7 @@ func TestWriteRunDroppedWithItsReceive(t *testing.T) {
 	q := r.d.qps.get(r.qp.Num())
 	const mtu, psn, n = 1024, 0x1234, 6
 	msg := make([]byte, n*mtu)
-	r.d.mu.Lock()
-	mem := &countingMemory{memory: q.client.mem}
-	q.client.mem = mem
-	r.d.mu.Unlock()
-	t.Cleanup(func() {
-		r.d.mu.Lock()
-		q.client.mem = mem.memory
-		r.d.mu.Unlock()
-	})
+	mem := r.countWrites(t, q, false)
 	if err := r.qp.PostRecv(&verbs.RecvWR{WRID: 5, SG: []verbs.SGE{r.mr.SGE(4096, 4*mtu)}}); err != nil {
 		t.Fatal(err)
 	}
