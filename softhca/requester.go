@@ -880,10 +880,7 @@ func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
 		if d.debug {
 			d.log.Debug("bad read response", "op", p.Opcode, "psn", p.PSN, "wpsn", w.psn, "npkts", w.npkts, "rdGot", w.rdGot, "n", n, "length", w.length)
 		}
-		if d.eng.run.w == w {
-			d.eng.run.reset() // the READ fails: what it read so far need not land
-		}
-		d.requestError(q, w, mlx4hw.SyndromeBadRespErr)
+		d.requestError(q, w, mlx4hw.SyndromeBadRespErr) // drops its run (dropRun)
 		return
 	}
 	if !d.placeRead(q, w, p) {

@@ -238,8 +238,7 @@ func (d *Device) recvSend(q *qp, p *roce.Packet) {
 	s.off += uint32(len(p.Payload))
 	d.accept(q, p)
 	if op.IsLast() {
-		// The completion says the bytes are in memory.
-		if d.endRun(); q.state == qpstate.Err {
+		if !d.runWritten(q) { // the completion says the bytes are in memory
 			return
 		}
 		e := mlx4hw.CQE{Opcode: mlx4hw.RecvOpSend, ByteCnt: s.off}
@@ -276,7 +275,7 @@ func (d *Device) recvWrite(q *qp, p *roce.Packet) {
 		// The bytes before this packet go to memory first: if they
 		// cannot, the NAK is theirs, not an RNR NAK of this packet,
 		// which would acknowledge them.
-		if d.endRun(); q.state == qpstate.Err {
+		if !d.runWritten(q) {
 			return
 		}
 		if !d.takeRecv(q, p) {
@@ -294,8 +293,7 @@ func (d *Device) recvWrite(q *qp, p *roce.Packet) {
 	d.accept(q, p)
 	if op.IsLast() {
 		if op.HasImm() {
-			// The completion says the bytes are in memory.
-			if d.endRun(); q.state == qpstate.Err {
+			if !d.runWritten(q) { // the completion says the bytes are in memory
 				return
 			}
 			e := mlx4hw.CQE{Opcode: mlx4hw.RecvOpRDMAWriteImm, ByteCnt: s.wlen, Immed: p.Imm}
@@ -466,8 +464,14 @@ func (d *Device) recvAtomic(q *qp, p *roce.Packet) {
 	*r = resource{valid: true, atomic: true, psn: p.PSN, npkts: 1, orig: orig}
 	s.epsn = (s.epsn + 1) & roce.PSNMask
 	s.msn = (s.msn + 1) & roce.PSNMask
-	if len(s.reads) > 0 {
-		d.queueRead(q, r, p.PSN) // its response follows theirs
+	d.answerAtomic(q, r)
+}
+
+// answerAtomic sends an atomic's response, or queues it behind the READ
+// responses still to be sent: responses go in the order of the requests.
+func (d *Device) answerAtomic(q *qp, r *resource) {
+	if len(q.resp.reads) > 0 {
+		d.queueRead(q, r, r.psn)
 		return
 	}
 	d.sendAtomicAck(q, r)
@@ -667,10 +671,10 @@ func (d *Device) duplicate(q *qp, p *roce.Packet) {
 				continue
 			}
 			if dd := roce.PSNDiff(p.PSN, r.psn); dd >= 0 && uint32(dd) < r.npkts {
-				if r.atomic && len(s.reads) == 0 {
-					d.sendAtomicAck(q, r)
+				if r.atomic {
+					d.answerAtomic(q, r)
 				} else {
-					d.queueRead(q, r, p.PSN) // an atomic's follows READ responses
+					d.queueRead(q, r, p.PSN)
 				}
 				return
 			}
@@ -693,9 +697,6 @@ func (d *Device) duplicate(q *qp, p *roce.Packet) {
 // for them (sendReads sends it), or the requester would take them for lost
 // (an implied NAK) and ask for them again.
 func (d *Device) sendAck(q *qp) {
-	if q.state == qpstate.Err || q.state == qpstate.Reset {
-		return
-	}
 	if q.resp.queued {
 		q.resp.ackAfterReads = true
 		return

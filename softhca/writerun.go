@@ -15,8 +15,7 @@ import (
 // pinning the pages) is most of what placing a 4 KiB packet that way
 // costs. The packets are a READ's responses (the requester's run, w set)
 // or the request packets of an RDMA WRITE or a SEND (the responder's run,
-// w nil). A run whose message fails is dropped, not written (dropRun, and
-// the READ's failure in onReadResponse).
+// w nil). A run whose message fails is dropped, not written (dropRun).
 //
 // A run belongs to one READ (q, w), or one WRITE or SEND of q. It is
 // written before anything that depends on its bytes: the READ's
@@ -67,16 +66,7 @@ func (r *writeRun) continues(p *roce.Packet) bool {
 // run. It reports false if memory could not be written.
 func (d *Device) placeRead(q *qp, w *swqe, p *roce.Packet) bool {
 	r := &d.eng.run
-	n := uint32(len(p.Payload))
-	s, off, ok := sgeAt(w.sg, w.rdGot)
-	// A payload joins the run if it lies in one element's memory, which
-	// the device reaches through another process, outside its packet.
-	join := ok && n > 0 && off+n <= s.n && s.m.view == nil && !s.m.dead && !inStorage(p)
-	var mem memory
-	var addr uint64
-	if join {
-		mem, addr = s.m.client.mem, s.m.addr+(s.va+uint64(off)-s.m.iova)
-	}
+	mem, addr, join := sgTarget(w.sg, w.rdGot, p)
 	if r.q != nil && !(join && r.q == q && r.w == w && r.mem == mem && r.addr+r.n == addr) {
 		if r.w != w {
 			d.endRun() // another's run: its failure is its own
@@ -87,15 +77,17 @@ func (d *Device) placeRead(q *qp, w *swqe, p *roce.Packet) bool {
 	if !join {
 		return scatter(w.sg, w.rdGot, p.Payload)
 	}
-	if r.q == nil {
-		r.mem, r.addr, r.n, r.q, r.w, r.send, r.psn = mem, addr, 0, q, w, false, p.PSN
-	}
-	r.add(p)
+	r.add(q, w, false, mem, addr, p)
 	return true
 }
 
-// add appends p's payload to the run.
-func (r *writeRun) add(p *roce.Packet) {
+// add appends p's payload to the run, which starts with it if there is
+// none: a run of q's, of the READ w's responses or (w nil) of q's SEND
+// (send) or WRITE, to addr of mem.
+func (r *writeRun) add(q *qp, w *swqe, send bool, mem memory, addr uint64, p *roce.Packet) {
+	if r.q == nil {
+		r.mem, r.addr, r.n, r.q, r.w, r.send, r.psn = mem, addr, 0, q, w, send, p.PSN
+	}
 	r.bufs = append(r.bufs, p.Payload)
 	r.n += uint64(len(p.Payload))
 	r.next = (p.PSN + 1) & roce.PSNMask
@@ -107,12 +99,7 @@ func (r *writeRun) add(p *roce.Packet) {
 // could not be written; after a run of q's that could not be written (an
 // earlier packet's bytes), q is in the error state and has sent its NAK.
 func (d *Device) placeWrite(q *qp, p *roce.Packet, m *mr, va uint64) bool {
-	join := m.view == nil && !m.dead && !inStorage(p)
-	var mem memory
-	var addr uint64
-	if join {
-		mem, addr = m.client.mem, m.addr+(va-m.iova)
-	}
+	mem, addr, join := regionTarget(m, va, p)
 	if !d.joinRun(q, p, join, false, mem, addr) {
 		return m.write(va, p.Payload)
 	}
@@ -126,14 +113,7 @@ func (d *Device) placeWrite(q *qp, p *roce.Packet, m *mr, va uint64) bool {
 // not be written; after a run of q's that could not be written, q is in
 // the error state and has sent its NAK.
 func (d *Device) placeSend(q *qp, p *roce.Packet, sg []lsge, off uint32) bool {
-	n := uint32(len(p.Payload))
-	e, eoff, ok := sgeAt(sg, off)
-	join := ok && n > 0 && eoff+n <= e.n && e.m.view == nil && !e.m.dead && !inStorage(p)
-	var mem memory
-	var addr uint64
-	if join {
-		mem, addr = e.m.client.mem, e.m.addr+(e.va+uint64(eoff)-e.m.iova)
-	}
+	mem, addr, join := sgTarget(sg, off, p)
 	if !d.joinRun(q, p, join, true, mem, addr) {
 		return scatter(sg, off, p.Payload)
 	}
@@ -156,11 +136,29 @@ func (d *Device) joinRun(q *qp, p *roce.Packet, join, send bool, mem memory, add
 	if !join {
 		return false
 	}
-	if r.q == nil {
-		r.mem, r.addr, r.n, r.q, r.w, r.send, r.psn = mem, addr, 0, q, nil, send, p.PSN
-	}
-	r.add(p)
+	r.add(q, nil, send, mem, addr, p)
 	return true
+}
+
+// regionTarget reports whether p's payload, bound for va of region m, may
+// join a run (the device reaches m through the client's process, and the
+// payload lies outside its packet), and where in the client's memory it
+// goes.
+func regionTarget(m *mr, va uint64, p *roce.Packet) (memory, uint64, bool) {
+	if m.view != nil || m.dead || inStorage(p) {
+		return nil, 0, false
+	}
+	return m.client.mem, m.addr + (va - m.iova), true
+}
+
+// sgTarget is regionTarget for a payload bound for byte off of scatter
+// list sg: it joins only if it lies in one element's memory.
+func sgTarget(sg []lsge, off uint32, p *roce.Packet) (memory, uint64, bool) {
+	e, eoff, ok := sgeAt(sg, off)
+	if n := uint32(len(p.Payload)); !ok || n == 0 || eoff+n > e.n {
+		return nil, 0, false
+	}
+	return regionTarget(e.m, e.va+uint64(eoff), p)
 }
 
 // flushRun writes the run, if there is one, and ends it. It reports
@@ -176,14 +174,22 @@ func (d *Device) flushRun() bool {
 	return err == nil
 }
 
-// dropRun ends a run of q's request packets without writing it, when q's
-// receive fails or q goes to the error state: the failed message's bytes
-// need not land, and must not land after the completion that fails it,
-// when the client may have taken its buffer back.
+// dropRun ends a run of q's without writing it, when q's receive fails or
+// q goes to the error state (a READ that fails does): the failed message's
+// bytes need not land, and must not land after the completion that fails
+// it, when the client may have taken its buffer back.
 func (d *Device) dropRun(q *qp) {
-	if r := &d.eng.run; r.q == q && r.w == nil {
+	if r := &d.eng.run; r.q == q {
 		r.reset()
 	}
+}
+
+// runWritten writes the run before what depends on its bytes (endRun),
+// and reports whether q still stands: false if a run of q's could not be
+// written, which put q in the error state and NAKed.
+func (d *Device) runWritten(q *qp) bool {
+	d.endRun()
+	return q.state != qpstate.Err
 }
 
 // reset ends the run without writing it.
