@@ -79,12 +79,7 @@ func (e *engine) route(world int) (transport.Transport, error) {
 // one completes r (if not nil) when it does. The lock is held.
 func (e *engine) send(tr transport.Transport, dst int, r *Request, hdr, body []byte) (bool, error) {
 	if len(e.backlog[dst]) == 0 {
-		// The parts go in the engine's scratch array, which a variadic
-		// slice of their own, escaping through the interface call, would
-		// cost an allocation per frame. TrySend copies them.
-		e.parts[0], e.parts[1] = hdr, body
-		ok, err := tr.TrySend(dst, e.parts[:]...)
-		e.parts = [2][]byte{} // holds no buffer of the caller's
+		ok, err := e.trySend(tr, dst, hdr, body)
 		if err != nil || ok {
 			return ok, err
 		}
@@ -92,6 +87,17 @@ func (e *engine) send(tr transport.Transport, dst int, r *Request, hdr, body []b
 	f := append(append([]byte(nil), hdr...), body...)
 	e.backlog[dst] = append(e.backlog[dst], queued{f, r})
 	return false, nil
+}
+
+// trySend is tr.TrySend of a frame in two parts. The parts go in the
+// engine's scratch array: a variadic slice of their own, escaping through
+// the interface call, would cost an allocation per frame. TrySend copies
+// them. The lock is held.
+func (e *engine) trySend(tr transport.Transport, dst int, hdr, body []byte) (bool, error) {
+	e.parts[0], e.parts[1] = hdr, body
+	ok, err := tr.TrySend(dst, e.parts[:]...)
+	e.parts = [2][]byte{} // holds no buffer of the caller's
+	return ok, err
 }
 
 // flush sends what the backlog holds, in order, as far as the receivers
@@ -104,9 +110,7 @@ func (e *engine) flush() (int, error) {
 	for dst, qs := range e.backlog {
 		tr := e.routes[dst]
 		for len(qs) > 0 {
-			e.parts[0] = qs[0].f // as in send: no slice of its own to escape
-			ok, err := tr.TrySend(dst, e.parts[:1]...)
-			e.parts[0] = nil
+			ok, err := e.trySend(tr, dst, qs[0].f, nil)
 			if err != nil {
 				return n, err
 			}
