@@ -143,3 +143,34 @@ func TestLateTimeout(t *testing.T) {
 	fire(float64(lateSlack-time.Millisecond) / float64(d.rto(q)))
 	check("short timeout, late within lateSlack", 2, 3)
 }
+
+// TestBackoff checks the transport timer's doubling: each retry spent
+// without progress doubles a short timeout up to maxBackoff, so that a
+// QP with 7 retries and a timeout of 1 ms waits 267 ms in all before
+// RETRY_EXC_ERR; a timeout past maxBackoff is not doubled.
+func TestBackoff(t *testing.T) {
+	const ms = time.Millisecond
+	for _, c := range []struct {
+		timeout uint8
+		want    [8]time.Duration // rto with 0, 1, … 7 retries spent
+		total   time.Duration
+	}{
+		{8, [8]time.Duration{1048576, 2097152, 4194304, 8388608, 16777216, 33554432, 67108864, 134217728}, 267386880},
+		{12, [8]time.Duration{16777216, 33554432, 67108864, 134217728, 256 * ms, 256 * ms, 256 * ms, 256 * ms}, 1275658240},
+		{17, [8]time.Duration{536870912, 536870912, 536870912, 536870912, 536870912, 536870912, 536870912, 536870912}, 4294967296},
+	} {
+		q := &qp{timeout: c.timeout, retryCnt: 7}
+		q.req.start(q)
+		var total time.Duration
+		for used, want := range c.want {
+			q.req.retries = uint8(7 - used)
+			if got := new(Device).rto(q); got != want {
+				t.Errorf("timeout %d, %d retries spent: rto %v, want %v", c.timeout, used, got, want)
+			}
+			total += want
+		}
+		if total != c.total {
+			t.Errorf("timeout %d: %v in all, want %v", c.timeout, total, c.total)
+		}
+	}
+}
