@@ -1,7 +1,8 @@
 // Package comm is the API a Go program uses to talk to the other ranks of
-// its job, MPI's point-to-point part: blocking and non-blocking sends and
-// receives with tags and wildcards, probes, communicators made by Dup and
-// Split, and Abort.
+// its job, as MPI's: blocking and non-blocking sends and receives with
+// tags and wildcards, probes, communicators made by Dup and Split, the
+// collectives (Barrier, Bcast, Gather, Scatter, Allgather, Alltoall,
+// Reduce and Allreduce), and Abort.
 //
 // Messages between two ranks on the same communicator with the same tag
 // are received in the order they were sent (MPI's non-overtaking rule).
@@ -492,8 +493,8 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	var rec [16]byte
 	binary.LittleEndian.PutUint64(rec[:], uint64(int64(color)))
 	binary.LittleEndian.PutUint64(rec[8:], uint64(int64(key)))
-	all, err := c.allgather(ctx, rec[:])
-	if err != nil {
+	all := make([]byte, len(rec)*c.size)
+	if err := c.Allgather(ctx, rec[:], all); err != nil {
 		return nil, err
 	}
 	c.e.mu.Lock()
@@ -505,7 +506,8 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	}
 	type member struct{ key, rank int }
 	var ms []member
-	for r, b := range all {
+	for r := range c.size {
+		b := all[r*len(rec):]
 		if int(int64(binary.LittleEndian.Uint64(b))) == color {
 			ms = append(ms, member{int(int64(binary.LittleEndian.Uint64(b[8:]))), r})
 		}
@@ -542,36 +544,4 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 // node, ranked as in c.
 func (c *Comm) SplitByNode(ctx context.Context) (*Comm, error) {
 	return c.Split(ctx, c.e.nodes[c.ranks[c.rank]], c.rank)
-}
-
-// allgather gives every rank of c the record of every other, through c's
-// collective context: each rank sends its record to all.
-func (c *Comm) allgather(ctx context.Context, rec []byte) ([][]byte, error) {
-	c.e.mu.Lock()
-	tag := int(c.coll)
-	c.coll = (c.coll + 1) & (1<<31 - 1)
-	c.e.mu.Unlock()
-	cc := &Comm{e: c.e, ctx: c.ctx | collBit, rank: c.rank, size: c.size, ranks: c.ranks}
-	out := make([][]byte, c.size)
-	var reqs []*Request
-	for r := range c.size {
-		if r == c.rank {
-			out[r] = rec
-			continue
-		}
-		out[r] = make([]byte, len(rec))
-		rr, err := cc.Irecv(out[r], r, tag)
-		if err != nil {
-			return nil, err
-		}
-		sr, err := cc.Isend(rec, r, tag)
-		if err != nil {
-			return nil, err
-		}
-		reqs = append(reqs, rr, sr)
-	}
-	if _, err := Waitall(ctx, reqs...); err != nil {
-		return nil, err
-	}
-	return out, nil
 }

@@ -174,6 +174,8 @@ func worldDevs(t testing.TB, n int, l layout) ([]*Comm, map[int]*softhca.Device)
 }
 
 // each runs f on every rank at once and fails the test with their errors.
+// The first error ends the others' context: they may be waiting for the
+// rank that failed.
 func each(t *testing.T, comms []*Comm, f func(ctx context.Context, c *Comm) error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -184,6 +186,7 @@ func each(t *testing.T, comms []*Comm, f func(ctx context.Context, c *Comm) erro
 		wg.Go(func() {
 			if err := f(ctx, c); err != nil {
 				errs[i] = fmt.Errorf("rank %d: %w", i, err)
+				cancel()
 			}
 		})
 	}

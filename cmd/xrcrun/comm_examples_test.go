@@ -9,9 +9,10 @@ import (
 	"github.com/xrcrun/xrc/comm"
 )
 
-// TestLaunchCommExamples runs the comm examples as jobs of real processes
-// on one node: a token around a ring, and every rank sending checksummed
-// messages of 0 bytes to 1 MiB (eager and rendezvous) to every other.
+// TestLaunchCommExamples runs the comm examples as jobs of real processes:
+// a token around a ring, every rank sending checksummed messages of 0
+// bytes to 1 MiB (eager and rendezvous) to every other, and π by the
+// collectives, on one node and on two emulated nodes over XRC.
 func TestLaunchCommExamples(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -20,6 +21,8 @@ func TestLaunchCommExamples(t *testing.T) {
 	}{
 		{[]string{"-n", "4", "./examples/ring", "-n", "100"}, "100 laps of 4 ranks"},
 		{[]string{"-n", "4", "./examples/alltoall", "-max", "1048576"}, "every checksum right"},
+		{[]string{"-n", "3", "./examples/pi", "-n", "1000000"}, "pi is approximately 3.14159265358"},
+		{[]string{"-n", "5", "--nodes", "2", "--transport", "xrc", "./examples/pi", "-n", "1000000"}, "1000000 intervals over 5 ranks"},
 	} {
 		j := startJob(t, "../..", nil, c.args...)
 		if st := j.wait(3 * time.Minute); st != 0 {

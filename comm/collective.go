@@ -1,0 +1,237 @@
+package comm
+
+import (
+	"context"
+	"fmt"
+	"slices"
+)
+
+// Collectives. Every rank of a communicator calls each collective, in the
+// same order as the others and with matching sizes and roots, as MPI asks.
+// Their messages travel in the communicator's collective context, each
+// call with a tag of its own, so they never match a point-to-point
+// receive. A rank that finds a size that does not match returns an error;
+// the ranks that wait for it wait until their context ends. Goroutines
+// that run collectives at the same time need communicators of their own
+// (Dup): on one communicator the calls pair up in the order each rank
+// makes them.
+//
+// The algorithms are the usual ones for short and middling messages:
+// dissemination for Barrier, binomial trees for Bcast and Reduce, Bruck's
+// for Allgather, recursive doubling for Allreduce, pairwise exchange for
+// Alltoall; each takes about log2(size) rounds (Alltoall, Gather and
+// Scatter size−1 messages). The caller's buffers are lent to the
+// transports for the call; in-place forms are noted on each function.
+
+// collective returns the communicator that carries c's collectives and
+// the tag of the next one.
+func (c *Comm) collective() (*Comm, int) {
+	c.e.mu.Lock()
+	tag := int(c.coll)
+	c.coll = (c.coll + 1) & (1<<31 - 1)
+	c.e.mu.Unlock()
+	return &Comm{e: c.e, ctx: c.ctx | collBit, rank: c.rank, size: c.size, ranks: c.ranks}, tag
+}
+
+// recvAll receives exactly len(buf) bytes from src.
+func (c *Comm) recvAll(ctx context.Context, what string, buf []byte, src, tag int) error {
+	st, err := c.Recv(ctx, buf, src, tag)
+	return checkCount(what, st, err, len(buf))
+}
+
+// checkCount checks that a receive of a collective got the want bytes it
+// expected.
+func checkCount(what string, st Status, err error, want int) error {
+	if err != nil {
+		return fmt.Errorf("comm: %s from rank %d: %w", what, st.Source, err)
+	}
+	if st.Count != want {
+		return fmt.Errorf("comm: %s: rank %d sent %d bytes, this rank expected %d", what, st.Source, st.Count, want)
+	}
+	return nil
+}
+
+// exchange sends sbuf to dst while it receives exactly len(rbuf) bytes
+// from src.
+func (c *Comm) exchange(ctx context.Context, what string, tag int, sbuf []byte, dst int, rbuf []byte, src int) error {
+	rr, err := c.Irecv(rbuf, src, tag)
+	if err != nil {
+		return err
+	}
+	sr, err := c.Isend(sbuf, dst, tag)
+	if err != nil {
+		return err
+	}
+	sts, err := Waitall(ctx, rr, sr)
+	if err != nil {
+		return fmt.Errorf("comm: %s with ranks %d and %d: %w", what, src, dst, err)
+	}
+	return checkCount(what, sts[0], nil, len(rbuf))
+}
+
+func (c *Comm) checkRoot(root int) error { return c.checkPeer(root, "root") }
+
+// Barrier returns once every rank of c has called it.
+func (c *Comm) Barrier(ctx context.Context) error {
+	cc, tag := c.collective()
+	n := c.size
+	for k := 1; k < n; k <<= 1 {
+		if err := cc.exchange(ctx, "barrier", tag, nil, (c.rank+k)%n, nil, (c.rank-k+n)%n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Bcast copies root's buf into the buf of every other rank; all pass
+// buffers of the same length.
+func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
+	if err := c.checkRoot(root); err != nil {
+		return err
+	}
+	cc, tag := c.collective()
+	n := c.size
+	vr := (c.rank - root + n) % n // rank relative to root
+	mask := 1
+	for ; mask < n; mask <<= 1 {
+		if vr&mask != 0 {
+			if err := cc.recvAll(ctx, "bcast", buf, (c.rank-mask+n)%n, tag); err != nil {
+				return err
+			}
+			break
+		}
+	}
+	var reqs []*Request
+	for mask >>= 1; mask > 0; mask >>= 1 {
+		if vr+mask < n {
+			r, err := cc.Isend(buf, (c.rank+mask)%n, tag)
+			if err != nil {
+				return err
+			}
+			reqs = append(reqs, r)
+		}
+	}
+	_, err := Waitall(ctx, reqs...)
+	return err
+}
+
+// Gather collects the send buffers of all ranks, of equal length, into
+// root's recv, in rank order: rank i's at recv[i*len(send):]. recv is
+// used at root only, and must hold Size()*len(send) bytes.
+func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
+	if err := c.checkRoot(root); err != nil {
+		return err
+	}
+	m := len(send)
+	if c.rank == root && len(recv) != c.size*m {
+		return fmt.Errorf("comm: gather into %d bytes: %d ranks of %d bytes need %d", len(recv), c.size, m, c.size*m)
+	}
+	cc, tag := c.collective()
+	if c.rank != root {
+		return cc.Send(ctx, send, root, tag)
+	}
+	copy(recv[c.rank*m:], send)
+	reqs := make([]*Request, 0, c.size-1)
+	for r := range c.size {
+		if r != c.rank {
+			q, err := cc.Irecv(recv[r*m:(r+1)*m], r, tag)
+			if err != nil {
+				return err
+			}
+			reqs = append(reqs, q)
+		}
+	}
+	sts, err := Waitall(ctx, reqs...)
+	if err != nil {
+		return fmt.Errorf("comm: gather: %w", err)
+	}
+	for _, st := range sts {
+		if err := checkCount("gather", st, nil, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Scatter sends the blocks of root's send, in rank order, one to each
+// rank's recv: rank i gets send[i*len(recv):]. send is used at root only,
+// and must hold Size()*len(recv) bytes.
+func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
+	if err := c.checkRoot(root); err != nil {
+		return err
+	}
+	m := len(recv)
+	if c.rank == root && len(send) != c.size*m {
+		return fmt.Errorf("comm: scatter of %d bytes: %d ranks of %d bytes need %d", len(send), c.size, m, c.size*m)
+	}
+	cc, tag := c.collective()
+	if c.rank != root {
+		return cc.recvAll(ctx, "scatter", recv, root, tag)
+	}
+	reqs := make([]*Request, 0, c.size-1)
+	for r := range c.size {
+		if r != c.rank {
+			q, err := cc.Isend(send[r*m:(r+1)*m], r, tag)
+			if err != nil {
+				return err
+			}
+			reqs = append(reqs, q)
+		}
+	}
+	copy(recv, send[c.rank*m:])
+	_, err := Waitall(ctx, reqs...)
+	return err
+}
+
+// Allgather gives every rank the send buffers of all ranks, of equal
+// length, in rank order: rank i's at recv[i*len(send):]. recv must hold
+// Size()*len(send) bytes.
+func (c *Comm) Allgather(ctx context.Context, send, recv []byte) error {
+	n, m := c.size, len(send)
+	if len(recv) != n*m {
+		return fmt.Errorf("comm: allgather into %d bytes: %d ranks of %d bytes need %d", len(recv), n, m, n*m)
+	}
+	cc, tag := c.collective()
+	// Bruck: recv holds, from its start, the blocks of ranks rank,
+	// rank+1, … (mod n), doubling each round; a last rotation puts them
+	// in rank order.
+	copy(recv, send)
+	for k := 1; k < n; k <<= 1 {
+		cnt := min(k, n-k)
+		if err := cc.exchange(ctx, "allgather", tag, recv[:cnt*m], (c.rank-k+n)%n, recv[k*m:(k+cnt)*m], (c.rank+k)%n); err != nil {
+			return err
+		}
+	}
+	rotateRight(recv, c.rank*m)
+	return nil
+}
+
+// rotateRight rotates b right by s bytes, in place.
+func rotateRight(b []byte, s int) {
+	if s == 0 || s == len(b) {
+		return
+	}
+	slices.Reverse(b)
+	slices.Reverse(b[:s])
+	slices.Reverse(b[s:])
+}
+
+// Alltoall sends block i of every rank's send to rank i, which receives
+// it as block j of its recv, j the sender's rank. send and recv hold
+// Size() blocks of equal length each.
+func (c *Comm) Alltoall(ctx context.Context, send, recv []byte) error {
+	n := c.size
+	if len(send) != len(recv) || len(send)%n != 0 {
+		return fmt.Errorf("comm: alltoall of %d bytes into %d: both must be %d equal blocks", len(send), len(recv), n)
+	}
+	m := len(send) / n
+	cc, tag := c.collective()
+	copy(recv[c.rank*m:(c.rank+1)*m], send[c.rank*m:])
+	for k := 1; k < n; k++ {
+		dst, src := (c.rank+k)%n, (c.rank-k+n)%n
+		if err := cc.exchange(ctx, "alltoall", tag, send[dst*m:(dst+1)*m], dst, recv[src*m:(src+1)*m], src); err != nil {
+			return err
+		}
+	}
+	return nil
+}

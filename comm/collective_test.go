@@ -1,0 +1,278 @@
+package comm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// collSizes are the per-rank sizes the collective tests use: empty, small
+// (eager) and larger than the eager limit (rendezvous).
+var collSizes = []int{0, 13, 20000}
+
+// TestCollectives runs every collective on 5 ranks (not a power of two)
+// on every layout, from two roots, for each size.
+func TestCollectives(t *testing.T) {
+	onLayouts(t, func(t *testing.T, l layout) {
+		testCollectives(t, worldOn(t, 5, l))
+	})
+}
+
+// TestCollectivesSizes runs them on one node for 1, 2, 4 and 8 ranks.
+func TestCollectivesSizes(t *testing.T) {
+	for _, n := range []int{1, 2, 4, 8} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) { testCollectives(t, world(t, n, nil)) })
+	}
+}
+
+func testCollectives(t *testing.T, comms []*Comm) {
+	n := len(comms)
+	// The subtests share the ranks: after a failure, the ranks' calls no
+	// longer pair up, and the rest would only wait.
+	run := func(name string, f func(t *testing.T)) {
+		if !t.Run(name, f) {
+			t.FailNow()
+		}
+	}
+	roots := []int{0, min(3, n-1)}
+	run("Barrier", func(t *testing.T) {
+		var entered atomic.Int32
+		each(t, comms, func(ctx context.Context, c *Comm) error {
+			for round := range 3 {
+				// The last rank comes late: nobody may leave before it.
+				if c.Rank() == n-1 {
+					time.Sleep(20 * time.Millisecond)
+				}
+				entered.Add(1)
+				if err := c.Barrier(ctx); err != nil {
+					return err
+				}
+				if got := entered.Load(); got < int32(n*(round+1)) {
+					return fmt.Errorf("round %d: left the barrier when %d of %d had entered", round, got, n*(round+1))
+				}
+				if err := c.Barrier(ctx); err != nil { // all have read entered
+					return err
+				}
+			}
+			return nil
+		})
+	})
+	for _, size := range collSizes {
+		for _, root := range roots {
+			run(fmt.Sprintf("Bcast/%dB/root%d", size, root), func(t *testing.T) {
+				each(t, comms, func(ctx context.Context, c *Comm) error {
+					buf := make([]byte, size)
+					if c.Rank() == root {
+						buf = pattern(root, size)
+					}
+					if err := c.Bcast(ctx, buf, root); err != nil {
+						return err
+					}
+					if !bytes.Equal(buf, pattern(root, size)) {
+						return errors.New("bcast: wrong bytes")
+					}
+					return nil
+				})
+			})
+			run(fmt.Sprintf("Gather/%dB/root%d", size, root), func(t *testing.T) {
+				each(t, comms, func(ctx context.Context, c *Comm) error {
+					var recv []byte
+					if c.Rank() == root {
+						recv = make([]byte, n*size)
+					}
+					if err := c.Gather(ctx, pattern(c.Rank(), size), recv, root); err != nil {
+						return err
+					}
+					for r := range n {
+						if c.Rank() == root && !bytes.Equal(recv[r*size:(r+1)*size], pattern(r, size)) {
+							return fmt.Errorf("gather: block %d wrong", r)
+						}
+					}
+					return nil
+				})
+			})
+			run(fmt.Sprintf("Scatter/%dB/root%d", size, root), func(t *testing.T) {
+				each(t, comms, func(ctx context.Context, c *Comm) error {
+					var send []byte
+					if c.Rank() == root {
+						for r := range n {
+							send = append(send, pattern(r+7, size)...)
+						}
+					}
+					recv := make([]byte, size)
+					if err := c.Scatter(ctx, send, recv, root); err != nil {
+						return err
+					}
+					if !bytes.Equal(recv, pattern(c.Rank()+7, size)) {
+						return errors.New("scatter: wrong bytes")
+					}
+					return nil
+				})
+			})
+		}
+		run(fmt.Sprintf("Allgather/%dB", size), func(t *testing.T) {
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				recv := make([]byte, n*size)
+				if err := c.Allgather(ctx, pattern(c.Rank(), size), recv); err != nil {
+					return err
+				}
+				for r := range n {
+					if !bytes.Equal(recv[r*size:(r+1)*size], pattern(r, size)) {
+						return fmt.Errorf("allgather: block %d wrong", r)
+					}
+				}
+				return nil
+			})
+		})
+		run(fmt.Sprintf("Alltoall/%dB", size), func(t *testing.T) {
+			block := func(from, to int) []byte { return pattern(from*100+to, size) }
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				var send []byte
+				for r := range n {
+					send = append(send, block(c.Rank(), r)...)
+				}
+				recv := make([]byte, n*size)
+				if err := c.Alltoall(ctx, send, recv); err != nil {
+					return err
+				}
+				for r := range n {
+					if !bytes.Equal(recv[r*size:(r+1)*size], block(r, c.Rank())) {
+						return fmt.Errorf("alltoall: block from %d wrong", r)
+					}
+				}
+				return nil
+			})
+		})
+		elems := size / 8
+		for _, root := range roots {
+			run(fmt.Sprintf("Reduce/%dB/root%d", size, root), func(t *testing.T) {
+				each(t, comms, func(ctx context.Context, c *Comm) error {
+					return checkReduce(ctx, c, elems, func(ctx context.Context, send, recv []int64, op Op[int64], inPlace bool) (bool, error) {
+						if inPlace && c.Rank() == root {
+							copy(recv, send)
+							send = nil
+						}
+						return c.Rank() == root, Reduce(ctx, c, send, recv, op, root)
+					})
+				})
+			})
+		}
+		run(fmt.Sprintf("Allreduce/%dB", size), func(t *testing.T) {
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				return checkReduce(ctx, c, elems, func(ctx context.Context, send, recv []int64, op Op[int64], inPlace bool) (bool, error) {
+					if inPlace {
+						copy(recv, send)
+						send = nil
+					}
+					return true, Allreduce(ctx, c, send, recv, op)
+				})
+			})
+		})
+	}
+	run("AllreduceFloat", func(t *testing.T) {
+		// Sums of floats depend on their order: every rank gets the same
+		// bits, those of the sum in rank order.
+		got := make([][]float64, n)
+		each(t, comms, func(ctx context.Context, c *Comm) error {
+			send := make([]float64, 100)
+			for i := range send {
+				send[i] = math.Pow(10, float64((c.Rank()*7+i)%19-9)) * (1 + float64(i)/3)
+			}
+			got[c.Rank()] = make([]float64, len(send))
+			return Allreduce(ctx, c, send, got[c.Rank()], Sum)
+		})
+		for r := 1; r < n; r++ {
+			if !slices.Equal(got[r], got[0]) {
+				t.Fatalf("rank %d's sum differs from rank 0's", r)
+			}
+		}
+	})
+}
+
+// checkReduce runs reduce (Reduce or Allreduce) with Sum, Max and two
+// associative operations that are not commutative, keeping the first or
+// the last operand, out of place and in place, and checks what the ranks
+// that get a result (has) get: the rank-ordered reduction.
+func checkReduce(ctx context.Context, c *Comm, elems int, reduce func(ctx context.Context, send, recv []int64, op Op[int64], inPlace bool) (has bool, err error)) error {
+	n := int64(c.Size())
+	first := func(dst, a, b []int64) { copy(dst, a) }
+	last := func(dst, a, b []int64) { copy(dst, b) }
+	ops := []struct {
+		name string
+		op   Op[int64]
+		want func(i int64) int64
+	}{
+		{"sum", Sum[int64], func(i int64) int64 { return n*i + n*(n-1)/2*1000 }},
+		{"max", Max[int64], func(i int64) int64 { return i + (n-1)*1000 }},
+		{"first", first, func(i int64) int64 { return i }},
+		{"last", last, func(i int64) int64 { return i + (n-1)*1000 }},
+	}
+	for _, o := range ops {
+		for _, inPlace := range []bool{false, true} {
+			send := make([]int64, elems)
+			for i := range send {
+				send[i] = int64(i) + int64(c.Rank())*1000
+			}
+			orig := slices.Clone(send)
+			recv := make([]int64, elems)
+			has, err := reduce(ctx, send, recv, o.op, inPlace)
+			if err != nil {
+				return fmt.Errorf("%s: %w", o.name, err)
+			}
+			if !slices.Equal(send, orig) {
+				return fmt.Errorf("%s: the send vector changed", o.name)
+			}
+			for i := range recv {
+				if has && recv[i] != o.want(int64(i)) {
+					return fmt.Errorf("%s (in place %v): element %d is %d, want %d", o.name, inPlace, i, recv[i], o.want(int64(i)))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// TestCollectiveSizeMismatch: a rank whose buffer does not match what
+// comes gets an error, and bad lengths are refused before anything is
+// sent.
+func TestCollectiveSizeMismatch(t *testing.T) {
+	comms := world(t, 2, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- comms[0].Bcast(ctx, pattern(1, 16), 0) }()
+	if err := comms[1].Bcast(ctx, make([]byte, 8), 0); !errors.Is(err, ErrTruncate) {
+		t.Errorf("bcast of 16 bytes into 8: %v", err)
+	}
+	go func() { errc <- comms[0].Bcast(ctx, pattern(1, 16), 0) }()
+	if err := comms[1].Bcast(ctx, make([]byte, 32), 0); err == nil {
+		t.Error("bcast of 16 bytes into 32: no error")
+	}
+	for range 2 {
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+	}
+	c := comms[0]
+	if err := c.Gather(ctx, make([]byte, 4), make([]byte, 7), 0); err == nil {
+		t.Error("gather into 7 bytes: no error")
+	}
+	if err := c.Allgather(ctx, make([]byte, 4), make([]byte, 4)); err == nil {
+		t.Error("allgather into 4 bytes: no error")
+	}
+	if err := c.Alltoall(ctx, make([]byte, 5), make([]byte, 5)); err == nil {
+		t.Error("alltoall of 5 bytes on 2 ranks: no error")
+	}
+	if err := c.Bcast(ctx, nil, 2); err == nil {
+		t.Error("bcast from rank 2 of 2: no error")
+	}
+	if err := Allreduce(ctx, c, make([]int32, 3), make([]int32, 2), Sum); err == nil {
+		t.Error("allreduce of 3 elements into 2: no error")
+	}
+}

@@ -1,0 +1,199 @@
+package comm
+
+import (
+	"context"
+	"fmt"
+	"unsafe"
+)
+
+// Integer, Float and Number are the element types the reductions take:
+// plain values, sent as their bytes in memory, so all the ranks of a job
+// must share the machine's byte order (as they do on one kind of CPU).
+type (
+	Integer interface {
+		~int | ~int8 | ~int16 | ~int32 | ~int64 | ~uint | ~uint8 | ~uint16 | ~uint32 | ~uint64 | ~uintptr
+	}
+	Float  interface{ ~float32 | ~float64 }
+	Number interface {
+		Integer | Float | ~complex64 | ~complex128
+	}
+)
+
+// Op combines two vectors element by element: dst[i] = a[i] ∘ b[i], where
+// a holds the contribution of lower ranks than b's. dst may be a or b. An
+// Op must be associative; it need not be commutative, since the
+// reductions combine the ranks' contributions in rank order, as MPI's do
+// (each result is the same on every rank, to the bit).
+type Op[T Number] func(dst, a, b []T)
+
+// Sum adds.
+func Sum[T Number](dst, a, b []T) {
+	for i := range dst {
+		dst[i] = a[i] + b[i]
+	}
+}
+
+// Prod multiplies.
+func Prod[T Number](dst, a, b []T) {
+	for i := range dst {
+		dst[i] = a[i] * b[i]
+	}
+}
+
+// Max keeps the larger (of floats, as the built-in max: NaN if either is).
+func Max[T Integer | Float](dst, a, b []T) {
+	for i := range dst {
+		dst[i] = max(a[i], b[i])
+	}
+}
+
+// Min keeps the smaller (of floats, as the built-in min).
+func Min[T Integer | Float](dst, a, b []T) {
+	for i := range dst {
+		dst[i] = min(a[i], b[i])
+	}
+}
+
+// BitAnd, BitOr and BitXor combine bits.
+func BitAnd[T Integer](dst, a, b []T) {
+	for i := range dst {
+		dst[i] = a[i] & b[i]
+	}
+}
+
+func BitOr[T Integer](dst, a, b []T) {
+	for i := range dst {
+		dst[i] = a[i] | b[i]
+	}
+}
+
+func BitXor[T Integer](dst, a, b []T) {
+	for i := range dst {
+		dst[i] = a[i] ^ b[i]
+	}
+}
+
+// asBytes is the memory of s as bytes.
+func asBytes[T Number](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	var z T
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(z)))
+}
+
+// Reduce combines the send vectors of all the ranks of c with op into
+// root's recv, in rank order. recv is used at root only. At root, send
+// may be nil: recv then holds root's own vector (MPI_IN_PLACE).
+func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], root int) error {
+	if err := c.checkRoot(root); err != nil {
+		return err
+	}
+	if c.rank == root && send != nil && len(recv) != len(send) {
+		return fmt.Errorf("comm: reduce of %d elements into %d", len(send), len(recv))
+	}
+	if c.rank == root && send == nil {
+		send = recv
+	}
+	cc, tag := c.collective()
+	// A binomial tree toward rank 0, whose subtrees are ranges of ranks:
+	// a rank's vector covers the ranks below its children's, so it comes
+	// first in op. Rank 0 then passes the result to root.
+	acc := send
+	if c.rank == 0 && root == 0 {
+		copy(recv, send)
+		acc = recv
+	}
+	var tmp []T
+	for mask := 1; mask < c.size; mask <<= 1 {
+		if c.rank&mask != 0 {
+			if err := cc.Send(ctx, asBytes(acc), c.rank-mask, tag); err != nil {
+				return err
+			}
+			break
+		}
+		child := c.rank | mask
+		if child >= c.size {
+			continue
+		}
+		if tmp == nil {
+			tmp = make([]T, len(send))
+			if c.rank != 0 || root != 0 {
+				// acc is send: the caller's, not to be written.
+				acc = append([]T(nil), send...)
+			}
+		}
+		if err := cc.recvAll(ctx, "reduce", asBytes(tmp), child, tag); err != nil {
+			return err
+		}
+		op(acc, acc, tmp)
+	}
+	switch {
+	case root == 0: // rank 0's acc is recv
+	case c.rank == 0:
+		return cc.Send(ctx, asBytes(acc), root, tag)
+	case c.rank == root:
+		return cc.recvAll(ctx, "reduce", asBytes(recv), 0, tag)
+	}
+	return nil
+}
+
+// Allreduce combines the send vectors of all the ranks of c with op, in
+// rank order, into every rank's recv. send may be nil: recv then holds
+// the rank's own vector (MPI_IN_PLACE).
+func Allreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
+	if send != nil {
+		if len(recv) != len(send) {
+			return fmt.Errorf("comm: allreduce of %d elements into %d", len(send), len(recv))
+		}
+		copy(recv, send)
+	}
+	cc, tag := c.collective()
+	n, rank := c.size, c.rank
+	tmp := make([]T, len(recv))
+	// Recursive doubling over p, the largest power of two up to n. The
+	// first 2*(n-p) ranks first pair up, the even one of a pair giving
+	// its vector to the odd one and sitting out; the others take part
+	// with new ranks in the same order, so that at each step a rank and
+	// its partner hold the results of two neighbouring ranges of ranks.
+	p := 1
+	for p*2 <= n {
+		p *= 2
+	}
+	extra := n - p
+	nr := rank - extra // new rank
+	switch {
+	case rank < 2*extra && rank%2 == 0:
+		if err := cc.Send(ctx, asBytes(recv), rank+1, tag); err != nil {
+			return err
+		}
+		return cc.recvAll(ctx, "allreduce", asBytes(recv), rank+1, tag)
+	case rank < 2*extra:
+		if err := cc.recvAll(ctx, "allreduce", asBytes(tmp), rank-1, tag); err != nil {
+			return err
+		}
+		op(recv, tmp, recv)
+		nr = rank / 2
+	}
+	orig := func(nr int) int { // the rank of new rank nr
+		if nr < extra {
+			return 2*nr + 1
+		}
+		return nr + extra
+	}
+	for mask := 1; mask < p; mask <<= 1 {
+		peer := orig(nr ^ mask)
+		if err := cc.exchange(ctx, "allreduce", tag, asBytes(recv), peer, asBytes(tmp), peer); err != nil {
+			return err
+		}
+		if nr&mask == 0 {
+			op(recv, recv, tmp)
+		} else {
+			op(recv, tmp, recv)
+		}
+	}
+	if rank < 2*extra {
+		return cc.Send(ctx, asBytes(recv), rank-1, tag)
+	}
+	return nil
+}
