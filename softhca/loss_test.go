@@ -203,16 +203,11 @@ func lossyLink(t *testing.T, n int, viaProcess bool) {
 	}
 }
 
-// TestStalledPeer: a peer that answers 120 ms late, as one whose process
-// waits that long for a CPU on a loaded host, does not fail a QP with a
-// 1 ms timeout and 7 retries: the timer backs off (Device.rto).
-func TestStalledPeer(t *testing.T) {
-	env, devs := lossyEnv(softhca.Faults{Delay: 1, DelayBy: 60 * time.Millisecond, Seed: 5}, false)
-	pa, pb := verbstest.ConnectWith(t, env, 4096, verbstest.Options{Timeout: 8, RetryCnt: 7}) // 1 ms
-	if err := pb.QP.PostRecv(&verbs.RecvWR{WRID: 1, SG: []verbs.SGE{pb.MR.SGE(0, 4096)}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := pa.QP.PostSend(&verbs.SendWR{WRID: 5, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+// sendSignaled sends 100 bytes with wr_id and waits for the completion,
+// which it returns.
+func sendSignaled(t *testing.T, pa verbstest.Endpoint, wrID uint64) []verbs.WorkCompletion {
+	t.Helper()
+	if err := pa.QP.PostSend(&verbs.SendWR{WRID: wrID, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
 		SG: []verbs.SGE{pa.MR.SGE(0, 100)}}); err != nil {
 		t.Fatal(err)
 	}
@@ -223,12 +218,24 @@ func TestStalledPeer(t *testing.T) {
 			t.Fatal(err)
 		}
 		if n == 1 {
-			break
+			return wc
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("no completion after 30 s")
 		}
 	}
+}
+
+// TestStalledPeer: a peer that answers 120 ms late, as one whose process
+// waits that long for a CPU on a loaded host, does not fail a QP with a
+// 1 ms timeout and 7 retries: the timer backs off (Device.rto).
+func TestStalledPeer(t *testing.T) {
+	env, devs := lossyEnv(softhca.Faults{Delay: 1, DelayBy: 60 * time.Millisecond, Seed: 5}, false)
+	pa, pb := verbstest.ConnectWith(t, env, 4096, verbstest.Options{Timeout: 8, RetryCnt: 7}) // 1 ms
+	if err := pb.QP.PostRecv(&verbs.RecvWR{WRID: 1, SG: []verbs.SGE{pb.MR.SGE(0, 4096)}}); err != nil {
+		t.Fatal(err)
+	}
+	wc := sendSignaled(t, pa, 5)
 	if wc[0].Status != verbs.WCSuccess || wc[0].WRID != 5 {
 		t.Fatalf("completion %+v, want success", wc[0])
 	}
@@ -244,23 +251,7 @@ func TestTotalLoss(t *testing.T) {
 	env, devs := lossyEnv(softhca.Faults{Loss: 1, Seed: 3}, false)
 	const retries = 3
 	pa, _ := verbstest.ConnectWith(t, env, 4096, verbstest.Options{Timeout: 8, RetryCnt: retries}) // 1 ms
-	if err := pa.QP.PostSend(&verbs.SendWR{WRID: 5, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
-		SG: []verbs.SGE{pa.MR.SGE(0, 100)}}); err != nil {
-		t.Fatal(err)
-	}
-	wc := make([]verbs.WorkCompletion, 1)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Microsecond) {
-		n, err := pa.CQ.Poll(wc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no completion after 30 s")
-		}
-	}
+	wc := sendSignaled(t, pa, 5)
 	if wc[0].Status != verbs.WCRetryExcErr || wc[0].WRID != 5 {
 		t.Fatalf("completion %+v, want RETRY_EXC_ERR", wc[0])
 	}

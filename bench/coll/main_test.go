@@ -1,0 +1,44 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+// TestRun runs each test in a world of one (no launcher) with few
+// iterations and checks the table's rows: one per size, doubling from the
+// smallest to -max; one for the barrier. It asserts nothing about the
+// figures.
+func TestRun(t *testing.T) {
+	for _, c := range []struct {
+		test  string
+		sizes []string
+	}{
+		{"allreduce", []string{"8", "16", "32", "64"}},
+		{"bcast", []string{"1", "2", "4", "8", "16", "32", "64"}},
+		{"barrier", []string{"-"}},
+	} {
+		var out, errb bytes.Buffer
+		if err := run(context.Background(), []string{"-test", c.test, "-max", "64", "-i", "5", "-x", "1"}, &out, &errb); err != nil {
+			t.Fatalf("%s: %v\n%s", c.test, err, errb.String())
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		if len(lines) != 2+len(c.sizes) || !strings.HasPrefix(lines[0], "# xrc "+c.test+", 1 ranks") {
+			t.Fatalf("%s: table\n%s", c.test, out.String())
+		}
+		for i, want := range c.sizes {
+			f := strings.Fields(lines[2+i])
+			if len(f) != 5 || f[0] != want || f[4] != "5" {
+				t.Errorf("%s: row %q, want size %s and 5 iterations", c.test, lines[2+i], want)
+			}
+		}
+	}
+	var out, errb bytes.Buffer
+	for _, args := range [][]string{{"-test", "gather"}, {"-test", "bcast", "-max", "0"}, {"-i", "0"}, {"extra"}} {
+		if err := run(context.Background(), args, &out, &errb); err == nil {
+			t.Errorf("%q: no error", args)
+		}
+	}
+}
