@@ -10,18 +10,24 @@ import (
 // same order as the others and with matching sizes and roots, as MPI asks.
 // Their messages travel in the communicator's collective context, each
 // call with a tag of its own, so they never match a point-to-point
-// receive. A rank that finds a size that does not match returns an error;
-// the ranks that wait for it wait until their context ends. Goroutines
-// that run collectives at the same time need communicators of their own
-// (Dup): on one communicator the calls pair up in the order each rank
-// makes them.
+// receive, and two calls never mix: a call that fails its checks on one
+// rank still takes its tag there. A rank that finds a size that does not
+// match returns an error; the ranks that wait for it wait until their
+// context ends. Goroutines that run collectives at the same time need
+// communicators of their own (Dup): on one communicator the calls pair up
+// in the order each rank makes them.
+//
+// The caller's buffers are lent to the transports for the call; send and
+// recv must not overlap, unless a function says so. After an error the
+// call's receives may still be posted, and its sends exposed, as after a
+// point-to-point Wait whose context ended: the buffers may still be read
+// and written, and a job whose collective fails is best ended (Abort).
 //
 // The algorithms are the usual ones for short and middling messages:
 // dissemination for Barrier, binomial trees for Bcast and Reduce, Bruck's
 // for Allgather, recursive doubling for Allreduce, pairwise exchange for
 // Alltoall; each takes about log2(size) rounds (Alltoall, Gather and
-// Scatter size−1 messages). The caller's buffers are lent to the
-// transports for the call; in-place forms are noted on each function.
+// Scatter size−1 messages).
 
 // collective returns the communicator that carries c's collectives and
 // the tag of the next one.
@@ -36,17 +42,17 @@ func (c *Comm) collective() (*Comm, int) {
 // recvAll receives exactly len(buf) bytes from src.
 func (c *Comm) recvAll(ctx context.Context, what string, buf []byte, src, tag int) error {
 	st, err := c.Recv(ctx, buf, src, tag)
-	return checkCount(what, st, err, len(buf))
+	return checkCount(what, src, st, err, len(buf))
 }
 
-// checkCount checks that a receive of a collective got the want bytes it
-// expected.
-func checkCount(what string, st Status, err error, want int) error {
+// checkCount checks that a receive from src of a collective got the want
+// bytes it expected.
+func checkCount(what string, src int, st Status, err error, want int) error {
 	if err != nil {
-		return fmt.Errorf("comm: %s from rank %d: %w", what, st.Source, err)
+		return fmt.Errorf("comm: %s from rank %d: %w", what, src, err)
 	}
 	if st.Count != want {
-		return fmt.Errorf("comm: %s: rank %d sent %d bytes, this rank expected %d", what, st.Source, st.Count, want)
+		return fmt.Errorf("comm: %s: rank %d sent %d bytes, this rank expected %d", what, src, st.Count, want)
 	}
 	return nil
 }
@@ -66,7 +72,7 @@ func (c *Comm) exchange(ctx context.Context, what string, tag int, sbuf []byte, 
 	if err != nil {
 		return fmt.Errorf("comm: %s with ranks %d and %d: %w", what, src, dst, err)
 	}
-	return checkCount(what, sts[0], nil, len(rbuf))
+	return checkCount(what, src, sts[0], nil, len(rbuf))
 }
 
 func (c *Comm) checkRoot(root int) error { return c.checkPeer(root, "root") }
@@ -117,16 +123,17 @@ func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
 
 // Gather collects the send buffers of all ranks, of equal length, into
 // root's recv, in rank order: rank i's at recv[i*len(send):]. recv is
-// used at root only, and must hold Size()*len(send) bytes.
+// used at root only, and must hold Size()*len(send) bytes; root's send may
+// be its own block of recv.
 func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
 	if err := c.checkRoot(root); err != nil {
 		return err
 	}
+	cc, tag := c.collective()
 	m := len(send)
 	if c.rank == root && len(recv) != c.size*m {
 		return fmt.Errorf("comm: gather into %d bytes: %d ranks of %d bytes need %d", len(recv), c.size, m, c.size*m)
 	}
-	cc, tag := c.collective()
 	if c.rank != root {
 		return cc.Send(ctx, send, root, tag)
 	}
@@ -146,7 +153,7 @@ func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
 		return fmt.Errorf("comm: gather: %w", err)
 	}
 	for _, st := range sts {
-		if err := checkCount("gather", st, nil, m); err != nil {
+		if err := checkCount("gather", st.Source, st, nil, m); err != nil {
 			return err
 		}
 	}
@@ -160,11 +167,11 @@ func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
 	if err := c.checkRoot(root); err != nil {
 		return err
 	}
+	cc, tag := c.collective()
 	m := len(recv)
 	if c.rank == root && len(send) != c.size*m {
 		return fmt.Errorf("comm: scatter of %d bytes: %d ranks of %d bytes need %d", len(send), c.size, m, c.size*m)
 	}
-	cc, tag := c.collective()
 	if c.rank != root {
 		return cc.recvAll(ctx, "scatter", recv, root, tag)
 	}
@@ -185,13 +192,13 @@ func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
 
 // Allgather gives every rank the send buffers of all ranks, of equal
 // length, in rank order: rank i's at recv[i*len(send):]. recv must hold
-// Size()*len(send) bytes.
+// Size()*len(send) bytes; send may be this rank's block of recv.
 func (c *Comm) Allgather(ctx context.Context, send, recv []byte) error {
+	cc, tag := c.collective()
 	n, m := c.size, len(send)
 	if len(recv) != n*m {
 		return fmt.Errorf("comm: allgather into %d bytes: %d ranks of %d bytes need %d", len(recv), n, m, n*m)
 	}
-	cc, tag := c.collective()
 	// Bruck: recv holds, from its start, the blocks of ranks rank,
 	// rank+1, … (mod n), doubling each round; a last rotation puts them
 	// in rank order.
@@ -220,12 +227,12 @@ func rotateRight(b []byte, s int) {
 // it as block j of its recv, j the sender's rank. send and recv hold
 // Size() blocks of equal length each.
 func (c *Comm) Alltoall(ctx context.Context, send, recv []byte) error {
+	cc, tag := c.collective()
 	n := c.size
 	if len(send) != len(recv) || len(send)%n != 0 {
 		return fmt.Errorf("comm: alltoall of %d bytes into %d: both must be %d equal blocks", len(send), len(recv), n)
 	}
 	m := len(send) / n
-	cc, tag := c.collective()
 	copy(recv[c.rank*m:(c.rank+1)*m], send[c.rank*m:])
 	for k := 1; k < n; k++ {
 		dst, src := (c.rank+k)%n, (c.rank-k+n)%n

@@ -239,40 +239,81 @@ func checkReduce(ctx context.Context, c *Comm, elems int, reduce func(ctx contex
 }
 
 // TestCollectiveSizeMismatch: a rank whose buffer does not match what
-// comes gets an error, and bad lengths are refused before anything is
-// sent.
+// comes gets an error; bad lengths are refused before anything is sent,
+// and a call refused on one rank alone still takes its turn there, so
+// that the next calls pair up.
 func TestCollectiveSizeMismatch(t *testing.T) {
-	comms := world(t, 2, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- comms[0].Bcast(ctx, pattern(1, 16), 0) }()
-	if err := comms[1].Bcast(ctx, make([]byte, 8), 0); !errors.Is(err, ErrTruncate) {
-		t.Errorf("bcast of 16 bytes into 8: %v", err)
-	}
-	go func() { errc <- comms[0].Bcast(ctx, pattern(1, 16), 0) }()
-	if err := comms[1].Bcast(ctx, make([]byte, 32), 0); err == nil {
-		t.Error("bcast of 16 bytes into 32: no error")
-	}
-	for range 2 {
-		if err := <-errc; err != nil {
-			t.Error(err)
+	comms := world(t, 3, nil)
+	// Rank 1 expects 8 bytes, then 32, of root's 16.
+	for _, size := range []int{8, 32} {
+		errs := make([]error, 3)
+		each(t, comms, func(ctx context.Context, c *Comm) error {
+			buf := pattern(1, 16)
+			if c.Rank() == 1 {
+				buf = make([]byte, size)
+			}
+			errs[c.Rank()] = c.Bcast(ctx, buf, 0)
+			return nil
+		})
+		if errs[0] != nil || errs[1] == nil || size == 8 && !errors.Is(errs[1], ErrTruncate) {
+			t.Errorf("bcast of 16 bytes, into %d at rank 1: %v", size, errs)
 		}
 	}
+	// Root's recv is too short: its Gather fails, the others' send.
+	// The next Gather must gather the next call's blocks.
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		var recv []byte
+		if c.Rank() == 0 {
+			recv = make([]byte, 2)
+		}
+		err := c.Gather(ctx, []byte{'A'}, recv, 0)
+		if (err == nil) != (c.Rank() != 0) {
+			return fmt.Errorf("gather into 2 bytes: %v", err)
+		}
+		if c.Rank() == 0 {
+			recv = make([]byte, 3)
+		}
+		if err := c.Gather(ctx, []byte{'B'}, recv, 0); err != nil {
+			return err
+		}
+		if c.Rank() == 0 && string(recv) != "BBB" {
+			return fmt.Errorf("gathered %q after the failed call, want BBB", recv)
+		}
+		return nil
+	})
+	// A bad color fails the rank's Split, and counts as Undefined for
+	// the others.
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		color := 0
+		if c.Rank() == 0 {
+			color = -5
+		}
+		n, err := c.Split(ctx, color, 0)
+		if c.Rank() == 0 {
+			if err == nil || n != nil {
+				return fmt.Errorf("split with color -5: %v, %v", n, err)
+			}
+			return c.Barrier(ctx)
+		}
+		if err != nil {
+			return err
+		}
+		if n.Size() != 2 {
+			return fmt.Errorf("split: size %d, want 2", n.Size())
+		}
+		return c.Barrier(ctx)
+	})
+	ctx := context.Background()
 	c := comms[0]
-	if err := c.Gather(ctx, make([]byte, 4), make([]byte, 7), 0); err == nil {
-		t.Error("gather into 7 bytes: no error")
-	}
-	if err := c.Allgather(ctx, make([]byte, 4), make([]byte, 4)); err == nil {
-		t.Error("allgather into 4 bytes: no error")
-	}
-	if err := c.Alltoall(ctx, make([]byte, 5), make([]byte, 5)); err == nil {
-		t.Error("alltoall of 5 bytes on 2 ranks: no error")
-	}
-	if err := c.Bcast(ctx, nil, 2); err == nil {
-		t.Error("bcast from rank 2 of 2: no error")
-	}
-	if err := Allreduce(ctx, c, make([]int32, 3), make([]int32, 2), Sum); err == nil {
-		t.Error("allreduce of 3 elements into 2: no error")
+	for what, err := range map[string]error{
+		"allgather into 4 bytes":              c.Allgather(ctx, make([]byte, 4), make([]byte, 4)),
+		"alltoall of 5 bytes on 3 ranks":      c.Alltoall(ctx, make([]byte, 5), make([]byte, 5)),
+		"bcast from rank 3 of 3":              c.Bcast(ctx, nil, 3),
+		"allreduce of 3 elements into 2":      Allreduce(ctx, c, make([]int32, 3), make([]int32, 2), Sum),
+		"reduce at root of 3 elements into 2": Reduce(ctx, c, make([]int32, 3), make([]int32, 2), Sum, 0),
+	} {
+		if err == nil {
+			t.Errorf("%s: no error", what)
+		}
 	}
 }

@@ -487,8 +487,11 @@ const Undefined = -1
 // communicator, ranked by key and then by their rank in c. A rank that
 // passes Undefined gets nil. Every rank of c calls it.
 func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
+	var bad error
 	if color < Undefined {
-		return nil, fmt.Errorf("comm: split color %d", color)
+		// Taken as Undefined by the others, so that the calls still
+		// pair up.
+		bad, color = fmt.Errorf("comm: split color %d", color), Undefined
 	}
 	var rec [16]byte
 	binary.LittleEndian.PutUint64(rec[:], uint64(int64(color)))
@@ -502,7 +505,7 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	seq := c.seq
 	c.e.mu.Unlock()
 	if color == Undefined {
-		return nil, nil
+		return nil, bad
 	}
 	type member struct{ key, rank int }
 	var ms []member

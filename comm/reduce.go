@@ -89,13 +89,13 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 	if err := c.checkRoot(root); err != nil {
 		return err
 	}
+	cc, tag := c.collective()
 	if c.rank == root && send != nil && len(recv) != len(send) {
 		return fmt.Errorf("comm: reduce of %d elements into %d", len(send), len(recv))
 	}
 	if c.rank == root && send == nil {
 		send = recv
 	}
-	cc, tag := c.collective()
 	// A binomial tree toward rank 0, whose subtrees are ranges of ranks:
 	// a rank's vector covers the ranks below its children's, so it comes
 	// first in op. Rank 0 then passes the result to root.
@@ -142,13 +142,13 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 // rank order, into every rank's recv. send may be nil: recv then holds
 // the rank's own vector (MPI_IN_PLACE).
 func Allreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
+	cc, tag := c.collective()
 	if send != nil {
 		if len(recv) != len(send) {
 			return fmt.Errorf("comm: allreduce of %d elements into %d", len(send), len(recv))
 		}
 		copy(recv, send)
 	}
-	cc, tag := c.collective()
 	n, rank := c.size, c.rank
 	tmp := make([]T, len(recv))
 	// Recursive doubling over p, the largest power of two up to n. The

@@ -140,8 +140,8 @@ func Waitall(ctx context.Context, reqs ...*Request) ([]Status, error) {
 	var errs []error
 	for i, r := range reqs {
 		st, err := r.Wait(ctx)
-		if ctx.Err() != nil {
-			return sts, ctx.Err()
+		if !r.isDone() { // the context ended, or the job
+			return sts, err
 		}
 		sts[i] = st
 		errs = append(errs, err)
