@@ -33,10 +33,13 @@ import (
 // the tag of the next one.
 func (c *Comm) collective() (*Comm, int) {
 	c.e.mu.Lock()
+	defer c.e.mu.Unlock()
 	tag := int(c.coll)
 	c.coll = (c.coll + 1) & (1<<31 - 1)
-	c.e.mu.Unlock()
-	return &Comm{e: c.e, ctx: c.ctx | collBit, rank: c.rank, size: c.size, ranks: c.ranks}, tag
+	if c.collComm == nil {
+		c.collComm = &Comm{e: c.e, ctx: c.ctx | collBit, rank: c.rank, size: c.size, ranks: c.ranks}
+	}
+	return c.collComm, tag
 }
 
 // recvAll receives exactly len(buf) bytes from src.
@@ -58,21 +61,26 @@ func checkCount(what string, src int, st Status, err error, want int) error {
 }
 
 // exchange sends sbuf to dst while it receives exactly len(rbuf) bytes
-// from src.
+// from src. Its requests are recycled, as Send's and Recv's.
 func (c *Comm) exchange(ctx context.Context, what string, tag int, sbuf []byte, dst int, rbuf []byte, src int) error {
-	rr, err := c.Irecv(rbuf, src, tag)
+	rr, err := c.irecv(pooledRequest(c.e), rbuf, src, tag)
 	if err != nil {
 		return err
 	}
-	sr, err := c.Isend(sbuf, dst, tag)
+	defer rr.release()
+	sr, err := c.isend(pooledRequest(c.e), sbuf, dst, tag)
 	if err != nil {
 		return err
 	}
-	sts, err := Waitall(ctx, rr, sr)
+	defer sr.release()
+	st, err := rr.Wait(ctx)
+	if err == nil {
+		_, err = sr.Wait(ctx)
+	}
 	if err != nil {
 		return fmt.Errorf("comm: %s with ranks %d and %d: %w", what, src, dst, err)
 	}
-	return checkCount(what, src, sts[0], nil, len(rbuf))
+	return checkCount(what, src, st, nil, len(rbuf))
 }
 
 func (c *Comm) checkRoot(root int) error { return c.checkPeer(root, "root") }

@@ -86,7 +86,10 @@ type Comm struct {
 	ranks []int // world rank of each member
 	seq   uint32
 	coll  int32 // tag of the next internal collective
-	boot  *bootstrap.Client
+	// collComm carries the collectives: c in its collective context.
+	// Made at the first, under the engine's lock.
+	collComm *Comm
+	boot     *bootstrap.Client
 }
 
 // collBit marks the context of a communicator's internal collectives.
