@@ -581,3 +581,22 @@ func TestXRCObjects(t *testing.T) {
 		return err
 	})
 }
+
+// TestDefaultYield: a rank polls with sched_yield only when it does not
+// spin (the node's ranks outnumber the CPUs) in a job on one node.
+func TestDefaultYield(t *testing.T) {
+	for _, c := range []struct {
+		spin  time.Duration
+		nodes int
+		want  time.Duration
+	}{
+		{-1, 1, 200 * time.Microsecond},
+		{-1, 0, 200 * time.Microsecond}, // a world of one, without a launcher
+		{-1, 2, -1},
+		{time.Millisecond, 1, -1},
+	} {
+		if got := defaultYield(c.spin, c.nodes); got != c.want {
+			t.Errorf("spin %v, %d nodes: %v, want %v", c.spin, c.nodes, got, c.want)
+		}
+	}
+}

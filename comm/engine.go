@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	xunix "github.com/xrcrun/xrc/internal/unix"
 	"github.com/xrcrun/xrc/transport"
 	"github.com/xrcrun/xrc/transport/shm"
 	"github.com/xrcrun/xrc/verbs"
@@ -46,6 +47,7 @@ type engine struct {
 	token    chan struct{} // held by the goroutine driving progress
 	eagerMax int           // largest payload sent eagerly
 	spin     time.Duration // how long a driver polls before it sleeps
+	yield    time.Duration // with spin < 0: how long it polls, yielding its CPU, before it sleeps
 	fatal    func() error  // non-nil when the job is gone (abort, lost server)
 }
 
@@ -230,9 +232,10 @@ func (e *engine) await(ctx context.Context, cond func() bool, chans func() []<-c
 const spinAlone = 50 * time.Microsecond
 
 // drive progresses until cond holds, polling for e.spin after the last
-// thing that happened (with a negative e.spin, twice) and then sleeping on
-// the rank's bell. From spinAlone after it began, it yields its P between
-// polls. The caller holds the token.
+// thing that happened (with a negative e.spin, for e.yield with a
+// sched_yield between polls, or twice) and then sleeping on the rank's
+// bell. From spinAlone after it began, a spin yields its P between polls.
+// The caller holds the token.
 func (e *engine) drive(ctx context.Context, cond func() bool) error {
 	var stop func() bool // the context's wake-up, armed before the first sleep
 	defer func() {
@@ -270,6 +273,16 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 		}
 		if idleSince.IsZero() {
 			idleSince = time.Now()
+			continue
+		}
+		if e.spin < 0 && e.yield > 0 && time.Since(idleSince) < e.yield {
+			// Not spinning: the ranks outnumber the CPUs. Let the
+			// other processes have the CPU; this rank comes back as
+			// soon as none of them wants it. (Not runtime.Gosched as
+			// well: with other Ps idle, it wakes threads of this
+			// process to look for work, which takes the CPU from the
+			// other ranks: 10 µs a hop instead of 2 in a ring.)
+			xunix.SchedYield()
 			continue
 		}
 		if e.spin >= 0 && i&15 != 0 {
