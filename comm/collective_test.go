@@ -24,9 +24,9 @@ func TestCollectives(t *testing.T) {
 	})
 }
 
-// TestCollectivesSizes runs them on one node for 1, 2, 4 and 8 ranks.
+// TestCollectivesSizes runs them on one node for 1, 2, 3, 4, 7 and 8 ranks.
 func TestCollectivesSizes(t *testing.T) {
-	for _, n := range []int{1, 2, 4, 8} {
+	for _, n := range []int{1, 2, 3, 4, 7, 8} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) { testCollectives(t, world(t, n, nil)) })
 	}
 }
@@ -315,5 +315,37 @@ func TestCollectiveSizeMismatch(t *testing.T) {
 		if err == nil {
 			t.Errorf("%s: no error", what)
 		}
+	}
+}
+
+// BenchmarkAllreduce sums vectors of float64s over 2 ranks of one node,
+// goroutines of this process (bench/coll measures ranks as processes).
+func BenchmarkAllreduce(b *testing.B) {
+	comms := world(b, 2, nil)
+	for _, size := range []int{8, 1024, 1 << 20} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) {
+			b.SetBytes(int64(size))
+			vecs := [2][]float64{make([]float64, size/8), make([]float64, size/8)}
+			outs := [2][]float64{make([]float64, size/8), make([]float64, size/8)}
+			done := make(chan error, 1)
+			ctx := context.Background()
+			go func() {
+				for range b.N {
+					if err := Allreduce(ctx, comms[1], vecs[1], outs[1], Sum); err != nil {
+						done <- err
+						return
+					}
+				}
+				done <- nil
+			}()
+			for range b.N {
+				if err := Allreduce(ctx, comms[0], vecs[0], outs[0], Sum); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package comm
 import (
 	"context"
 	"fmt"
+	"sync"
 	"unsafe"
 )
 
@@ -28,6 +29,7 @@ type Op[T Number] func(dst, a, b []T)
 
 // Sum adds.
 func Sum[T Number](dst, a, b []T) {
+	a, b = a[:len(dst)], b[:len(dst)]
 	for i := range dst {
 		dst[i] = a[i] + b[i]
 	}
@@ -35,6 +37,7 @@ func Sum[T Number](dst, a, b []T) {
 
 // Prod multiplies.
 func Prod[T Number](dst, a, b []T) {
+	a, b = a[:len(dst)], b[:len(dst)]
 	for i := range dst {
 		dst[i] = a[i] * b[i]
 	}
@@ -42,6 +45,7 @@ func Prod[T Number](dst, a, b []T) {
 
 // Max keeps the larger (of floats, as the built-in max: NaN if either is).
 func Max[T Integer | Float](dst, a, b []T) {
+	a, b = a[:len(dst)], b[:len(dst)]
 	for i := range dst {
 		dst[i] = max(a[i], b[i])
 	}
@@ -49,6 +53,7 @@ func Max[T Integer | Float](dst, a, b []T) {
 
 // Min keeps the smaller (of floats, as the built-in min).
 func Min[T Integer | Float](dst, a, b []T) {
+	a, b = a[:len(dst)], b[:len(dst)]
 	for i := range dst {
 		dst[i] = min(a[i], b[i])
 	}
@@ -56,18 +61,21 @@ func Min[T Integer | Float](dst, a, b []T) {
 
 // BitAnd, BitOr and BitXor combine bits.
 func BitAnd[T Integer](dst, a, b []T) {
+	a, b = a[:len(dst)], b[:len(dst)]
 	for i := range dst {
 		dst[i] = a[i] & b[i]
 	}
 }
 
 func BitOr[T Integer](dst, a, b []T) {
+	a, b = a[:len(dst)], b[:len(dst)]
 	for i := range dst {
 		dst[i] = a[i] | b[i]
 	}
 }
 
 func BitXor[T Integer](dst, a, b []T) {
+	a, b = a[:len(dst)], b[:len(dst)]
 	for i := range dst {
 		dst[i] = a[i] ^ b[i]
 	}
@@ -80,6 +88,36 @@ func asBytes[T Number](s []T) []byte {
 	}
 	var z T
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(z)))
+}
+
+// scratch is the pool of the reductions' scratch vectors, as bytes: the
+// element types hold no pointers, so any of them may live there.
+var scratch sync.Pool // *[]byte
+
+// getScratch returns a vector of n elements from the pool (its contents
+// undefined), and the buffer to give back with putScratch once nothing
+// can write it any more (not after an error: a receive into it may still
+// be posted).
+func getScratch[T Number](n int) ([]T, *[]byte) {
+	var z T
+	size := n * int(unsafe.Sizeof(z))
+	b, _ := scratch.Get().(*[]byte)
+	if b == nil || cap(*b) < size {
+		// The allocator aligns a buffer of 8 bytes or more to 8 at
+		// least, enough for every Number.
+		nb := make([]byte, max(size, 8))
+		b = &nb
+	}
+	if n == 0 {
+		return nil, b
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(*b))), n), b
+}
+
+func putScratch(b *[]byte) {
+	if b != nil {
+		scratch.Put(b)
+	}
 }
 
 // Reduce combines the send vectors of all the ranks of c with op into
@@ -98,13 +136,12 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 	}
 	// A binomial tree toward rank 0, whose subtrees are ranges of ranks:
 	// a rank's vector covers the ranks below its children's, so it comes
-	// first in op. Rank 0 then passes the result to root.
+	// first in op. Rank 0 then passes the result to root. acc is what
+	// this rank has: send, then the combinations, in recv at rank 0 when
+	// it is root, else in a scratch vector (send is the caller's).
 	acc := send
-	if c.rank == 0 && root == 0 {
-		copy(recv, send)
-		acc = recv
-	}
-	var tmp []T
+	var tmp, sum []T
+	var tmpBuf, sumBuf *[]byte
 	for mask := 1; mask < c.size; mask <<= 1 {
 		if c.rank&mask != 0 {
 			if err := cc.Send(ctx, asBytes(acc), c.rank-mask, tag); err != nil {
@@ -117,25 +154,34 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 			continue
 		}
 		if tmp == nil {
-			tmp = make([]T, len(send))
+			tmp, tmpBuf = getScratch[T](len(send))
+			sum = recv
 			if c.rank != 0 || root != 0 {
-				// acc is send: the caller's, not to be written.
-				acc = append([]T(nil), send...)
+				sum, sumBuf = getScratch[T](len(send))
 			}
 		}
 		if err := cc.recvAll(ctx, "reduce", asBytes(tmp), child, tag); err != nil {
 			return err
 		}
-		op(acc, acc, tmp)
+		op(sum, acc, tmp)
+		acc = sum
 	}
+	var err error
 	switch {
-	case root == 0: // rank 0's acc is recv
+	case root == 0:
+		if c.rank == 0 && tmp == nil { // one rank: nothing combined
+			copy(recv, send)
+		}
 	case c.rank == 0:
-		return cc.Send(ctx, asBytes(acc), root, tag)
+		err = cc.Send(ctx, asBytes(acc), root, tag)
 	case c.rank == root:
-		return cc.recvAll(ctx, "reduce", asBytes(recv), 0, tag)
+		err = cc.recvAll(ctx, "reduce", asBytes(recv), 0, tag)
 	}
-	return nil
+	if err == nil {
+		putScratch(tmpBuf)
+		putScratch(sumBuf)
+	}
+	return err
 }
 
 // Allreduce combines the send vectors of all the ranks of c with op, in
@@ -143,14 +189,15 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 // the rank's own vector (MPI_IN_PLACE).
 func Allreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
 	cc, tag := c.collective()
-	if send != nil {
-		if len(recv) != len(send) {
-			return fmt.Errorf("comm: allreduce of %d elements into %d", len(send), len(recv))
-		}
-		copy(recv, send)
+	if send == nil {
+		send = recv
+	} else if len(recv) != len(send) {
+		return fmt.Errorf("comm: allreduce of %d elements into %d", len(send), len(recv))
 	}
 	n, rank := c.size, c.rank
-	tmp := make([]T, len(recv))
+	tmp, tmpBuf := getScratch[T](len(recv))
+	// in is what this rank has: send, then the combinations, in recv.
+	in := send
 	// Recursive doubling over p, the largest power of two up to n. The
 	// first 2*(n-p) ranks first pair up, the even one of a pair giving
 	// its vector to the odd one and sitting out; the others take part
@@ -164,15 +211,20 @@ func Allreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T])
 	nr := rank - extra // new rank
 	switch {
 	case rank < 2*extra && rank%2 == 0:
-		if err := cc.Send(ctx, asBytes(recv), rank+1, tag); err != nil {
+		if err := cc.Send(ctx, asBytes(in), rank+1, tag); err != nil {
 			return err
 		}
-		return cc.recvAll(ctx, "allreduce", asBytes(recv), rank+1, tag)
+		if err := cc.recvAll(ctx, "allreduce", asBytes(recv), rank+1, tag); err != nil {
+			return err
+		}
+		putScratch(tmpBuf)
+		return nil
 	case rank < 2*extra:
 		if err := cc.recvAll(ctx, "allreduce", asBytes(tmp), rank-1, tag); err != nil {
 			return err
 		}
-		op(recv, tmp, recv)
+		op(recv, tmp, in)
+		in = recv
 		nr = rank / 2
 	}
 	orig := func(nr int) int { // the rank of new rank nr
@@ -183,17 +235,24 @@ func Allreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T])
 	}
 	for mask := 1; mask < p; mask <<= 1 {
 		peer := orig(nr ^ mask)
-		if err := cc.exchange(ctx, "allreduce", tag, asBytes(recv), peer, asBytes(tmp), peer); err != nil {
+		if err := cc.exchange(ctx, "allreduce", tag, asBytes(in), peer, asBytes(tmp), peer); err != nil {
 			return err
 		}
 		if nr&mask == 0 {
-			op(recv, recv, tmp)
+			op(recv, in, tmp)
 		} else {
-			op(recv, tmp, recv)
+			op(recv, tmp, in)
 		}
+		in = recv
+	}
+	if n == 1 {
+		copy(recv, send)
 	}
 	if rank < 2*extra {
-		return cc.Send(ctx, asBytes(recv), rank-1, tag)
+		if err := cc.Send(ctx, asBytes(recv), rank-1, tag); err != nil {
+			return err
+		}
 	}
+	putScratch(tmpBuf)
 	return nil
 }
