@@ -70,6 +70,7 @@ func (c *Comm) exchange(ctx context.Context, what string, tag int, sbuf []byte, 
 	defer rr.release()
 	sr, err := c.isend(pooledRequest(c.e), sbuf, dst, tag)
 	if err != nil {
+		rr.Cancel()
 		return err
 	}
 	defer sr.release()
@@ -78,6 +79,7 @@ func (c *Comm) exchange(ctx context.Context, what string, tag int, sbuf []byte, 
 		_, err = sr.Wait(ctx)
 	}
 	if err != nil {
+		rr.Cancel() // if no message has matched it
 		return fmt.Errorf("comm: %s with ranks %d and %d: %w", what, src, dst, err)
 	}
 	return checkCount(what, src, st, nil, len(rbuf))

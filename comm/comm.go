@@ -441,12 +441,24 @@ func (c *Comm) Send(ctx context.Context, buf []byte, dst, tag int) error {
 
 // Recv receives into buf a message from src (or AnySource) with tag (or
 // AnyTag). A message longer than buf fills it and returns ErrTruncate.
+// If ctx ends before a message matches, Recv takes the receive back and
+// returns ctx's error: buf is the caller's again, and the message goes to
+// a later receive. One that has matched is received, whatever ctx.
 func (c *Comm) Recv(ctx context.Context, buf []byte, src, tag int) (Status, error) {
 	r, err := c.irecv(pooledRequest(c.e), buf, src, tag)
 	if err != nil {
 		return Status{}, err
 	}
 	st, err := r.Wait(ctx)
+	if err != nil && !r.isDone() && ctx.Err() != nil {
+		if r.Cancel() {
+			r.release()
+			return Status{}, err
+		}
+		// Matched: the message is coming into buf. The job's end
+		// still ends the wait.
+		st, err = r.Wait(context.WithoutCancel(ctx))
+	}
 	r.release()
 	return st, err
 }
@@ -460,9 +472,13 @@ func (c *Comm) Sendrecv(ctx context.Context, sbuf []byte, dst, stag int, rbuf []
 	}
 	sr, err := c.Isend(sbuf, dst, stag)
 	if err != nil {
+		rr.Cancel()
 		return Status{}, err
 	}
 	sts, err := Waitall(ctx, rr, sr)
+	if err != nil {
+		rr.Cancel() // if no message has matched it
+	}
 	return sts[0], err
 }
 

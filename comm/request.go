@@ -27,6 +27,9 @@ const (
 // buffer holds its first bytes and the status says how many.
 var ErrTruncate = errors.New("comm: message longer than the receive buffer")
 
+// ErrCanceled is the error of a receive taken back by Cancel.
+var ErrCanceled = errors.New("comm: receive canceled")
+
 // Request is a send or receive in progress (Isend, Irecv). Its buffer
 // belongs to the request until it completes: the caller must not touch it
 // before Wait or Test says so.
@@ -119,6 +122,30 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 		return Status{}, err
 	}
 	return r.st, r.err
+}
+
+// Cancel takes back a receive that no message has matched yet: it
+// completes with ErrCanceled, its buffer is the caller's again, and the
+// message it would have matched goes to another receive. It reports
+// whether it did; a receive already matched (its message may be on its
+// way into the buffer), a completed request or a send cannot be taken
+// back, and Wait will tell how it ends.
+func (r *Request) Cancel() bool {
+	e := r.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if r.isDone() || r.c == nil {
+		return false
+	}
+	q := e.posted[r.c.ctx]
+	for i, p := range q {
+		if p == r {
+			e.posted[r.c.ctx] = removeAt(q, i)
+			r.complete(Status{}, ErrCanceled)
+			return true
+		}
+	}
+	return false
 }
 
 // Test progresses once and reports whether the request is complete, with
