@@ -428,7 +428,9 @@ func (c *Comm) irecv(r *Request, buf []byte, src, tag int) (*Request, error) {
 }
 
 // Send sends buf to rank dst of c with tag and returns when buf may be
-// reused.
+// reused. If ctx ends first, Send returns its error, and a message too
+// large to go eagerly stays offered to the receiver, which may still take
+// it from buf: a send cannot be taken back.
 func (c *Comm) Send(ctx context.Context, buf []byte, dst, tag int) error {
 	r, err := c.isend(pooledRequest(c.e), buf, dst, tag)
 	if err != nil {
