@@ -103,9 +103,10 @@ func getScratch[T Number](n int) ([]T, *[]byte) {
 	size := n * int(unsafe.Sizeof(z))
 	b, _ := scratch.Get().(*[]byte)
 	if b == nil || cap(*b) < size {
-		// The allocator aligns a buffer of 8 bytes or more to 8 at
-		// least, enough for every Number.
-		nb := make([]byte, max(size, 8))
+		// 16 bytes or more: not from the tiny allocator, which packs
+		// smaller ones unaligned; aligned to 8 at least, enough for
+		// every Number.
+		nb := make([]byte, max(size, 16))
 		b = &nb
 	}
 	if n == 0 {
@@ -153,7 +154,7 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 		if child >= c.size {
 			continue
 		}
-		if tmp == nil {
+		if tmpBuf == nil {
 			tmp, tmpBuf = getScratch[T](len(send))
 			sum = recv
 			if c.rank != 0 || root != 0 {
@@ -169,7 +170,7 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 	var err error
 	switch {
 	case root == 0:
-		if c.rank == 0 && tmp == nil { // one rank: nothing combined
+		if c.rank == 0 && tmpBuf == nil { // one rank: nothing combined
 			copy(recv, send)
 		}
 	case c.rank == 0:

@@ -145,9 +145,10 @@ func TestLateTimeout(t *testing.T) {
 }
 
 // TestBackoff checks the transport timer's doubling: each retry spent
-// without progress doubles a short timeout up to maxBackoff, so that a
-// QP with 7 retries and a timeout of 1 ms waits 267 ms in all before
-// RETRY_EXC_ERR; a timeout past maxBackoff is not doubled.
+// without progress doubles the timeout, up to 8 times it or 256 ms,
+// whichever is more, so that a QP with 7 retries and a timeout of 1 ms
+// waits 267 ms in all before RETRY_EXC_ERR, and one with comm's 67 ms
+// waits 3.2 s, as before the 256 ms floor.
 func TestBackoff(t *testing.T) {
 	const ms = time.Millisecond
 	for _, c := range []struct {
@@ -157,7 +158,8 @@ func TestBackoff(t *testing.T) {
 	}{
 		{8, [8]time.Duration{1048576, 2097152, 4194304, 8388608, 16777216, 33554432, 67108864, 134217728}, 267386880},
 		{12, [8]time.Duration{16777216, 33554432, 67108864, 134217728, 256 * ms, 256 * ms, 256 * ms, 256 * ms}, 1275658240},
-		{17, [8]time.Duration{536870912, 536870912, 536870912, 536870912, 536870912, 536870912, 536870912, 536870912}, 4294967296},
+		{14, [8]time.Duration{67108864, 134217728, 268435456, 536870912, 536870912, 536870912, 536870912, 536870912}, 3154116608},
+		{17, [8]time.Duration{536870912, 1073741824, 2147483648, 4294967296, 4294967296, 4294967296, 4294967296, 4294967296}, 25232932864},
 	} {
 		q := &qp{timeout: c.timeout, retryCnt: 7}
 		q.req.start(q)
