@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -344,6 +345,36 @@ func BenchmarkAllreduce(b *testing.B) {
 				}
 			}
 			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
+
+// BenchmarkBarrier passes barriers of 2, 4 and 8 ranks of one node,
+// goroutines of this process: with more ranks than CPUs, the waiting ones
+// poll with runtime.Gosched (engine.drive).
+func BenchmarkBarrier(b *testing.B) {
+	for _, n := range []int{2, 4, 8} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			comms := world(b, n, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i, c := range comms {
+				wg.Go(func() {
+					for range b.N {
+						if err := c.Barrier(ctx); err != nil {
+							errs[i] = err
+							cancel()
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
 				b.Fatal(err)
 			}
 		})

@@ -256,6 +256,8 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 		w.ranks = append(w.ranks, i)
 	}
 	e.comms[0] = w
+	e.counted = true
+	engines.Add(1)
 	return w, nil
 }
 
@@ -320,6 +322,10 @@ func (c *Comm) Finalize(ctx context.Context) error {
 	}
 	if c.e.dev != nil {
 		err = errors.Join(err, c.e.dev.Close())
+	}
+	if c.e.counted {
+		c.e.counted = false
+		engines.Add(-1)
 	}
 	c.e.mu.Unlock()
 	return errors.Join(err, c.boot.Close())
