@@ -2,6 +2,7 @@ package comm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 )
@@ -117,18 +118,34 @@ func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
 			break
 		}
 	}
-	var reqs []*Request
+	// The sends to the children, recycled as Send's are: at most one
+	// for each bit of a rank.
+	var arr [32]*Request
+	reqs := arr[:0]
+	defer func() {
+		for _, r := range reqs {
+			r.release()
+		}
+	}()
 	for mask >>= 1; mask > 0; mask >>= 1 {
 		if vr+mask < n {
-			r, err := cc.Isend(buf, (c.rank+mask)%n, tag)
+			r, err := cc.isend(pooledRequest(c.e), buf, (c.rank+mask)%n, tag)
 			if err != nil {
 				return err
 			}
 			reqs = append(reqs, r)
 		}
 	}
-	_, err := Waitall(ctx, reqs...)
-	return err
+	var errs []error
+	for _, r := range reqs {
+		if _, err := r.Wait(ctx); err != nil {
+			errs = append(errs, err)
+			if !r.isDone() {
+				break // the context ended, or the job
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Gather collects the send buffers of all ranks, of equal length, into
