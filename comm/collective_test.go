@@ -176,6 +176,19 @@ func testCollectives(t *testing.T, comms []*Comm) {
 			})
 		})
 	}
+	for _, size := range collSizes {
+		for _, excl := range []bool{false, true} {
+			name := "Scan"
+			if excl {
+				name = "Exscan"
+			}
+			run(fmt.Sprintf("%s/%dB", name, size), func(t *testing.T) {
+				each(t, comms, func(ctx context.Context, c *Comm) error {
+					return checkScan(ctx, c, size/8, excl)
+				})
+			})
+		}
+	}
 	run("AllreduceFloat", func(t *testing.T) {
 		// Sums of floats depend on their order: every rank gets the same
 		// bits, those of the sum in rank order.
@@ -232,6 +245,72 @@ func checkReduce(ctx context.Context, c *Comm, elems int, reduce func(ctx contex
 			for i := range recv {
 				if has && recv[i] != o.want(int64(i)) {
 					return fmt.Errorf("%s (in place %v): element %d is %d, want %d", o.name, inPlace, i, recv[i], o.want(int64(i)))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// checkScan runs Scan (or Exscan) with Sum and with the operations that
+// keep the first or the last operand, out of place and in place, and
+// checks that rank r gets the reduction of ranks 0 to r (to r-1) in rank
+// order; Exscan leaves rank 0's recv alone.
+func checkScan(ctx context.Context, c *Comm, elems int, excl bool) error {
+	r := int64(c.Rank())
+	upto := r // the last rank combined
+	if excl {
+		upto--
+	}
+	first := func(dst, a, b []int64) { copy(dst, a) }
+	last := func(dst, a, b []int64) { copy(dst, b) }
+	ops := []struct {
+		name string
+		op   Op[int64]
+		want func(i int64) int64
+	}{
+		{"sum", Sum[int64], func(i int64) int64 { return (upto+1)*i + upto*(upto+1)/2*1000 }},
+		{"first", first, func(i int64) int64 { return i }},
+		{"last", last, func(i int64) int64 { return i + upto*1000 }},
+	}
+	for _, o := range ops {
+		for _, inPlace := range []bool{false, true} {
+			send := make([]int64, elems)
+			for i := range send {
+				send[i] = int64(i) + r*1000
+			}
+			orig := slices.Clone(send)
+			recv := make([]int64, elems)
+			for i := range recv {
+				recv[i] = -7
+			}
+			var err error
+			f := Scan[int64]
+			if excl {
+				f = Exscan[int64]
+			}
+			if inPlace {
+				copy(recv, send)
+				err = f(ctx, c, nil, recv, o.op)
+			} else {
+				err = f(ctx, c, send, recv, o.op)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", o.name, err)
+			}
+			if !slices.Equal(send, orig) {
+				return fmt.Errorf("%s: the send vector changed", o.name)
+			}
+			for i := range recv {
+				want := o.want(int64(i))
+				if excl && r == 0 {
+					want = -7 // left alone
+					if inPlace {
+						want = orig[i]
+					}
+				}
+				if recv[i] != want {
+					return fmt.Errorf("%s (in place %v): element %d is %d, want %d", o.name, inPlace, i, recv[i], want)
 				}
 			}
 		}

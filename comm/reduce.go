@@ -257,3 +257,78 @@ func Allreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T])
 	putScratch(tmpBuf)
 	return nil
 }
+
+// Scan gives every rank the combination with op, in rank order, of the
+// send vectors of ranks 0 to its own (MPI_Scan). send may be nil: recv
+// then holds the rank's own vector.
+func Scan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
+	cc, tag := c.collective()
+	if send == nil {
+		send = recv
+	} else if len(recv) != len(send) {
+		return fmt.Errorf("comm: scan of %d elements into %d", len(send), len(recv))
+	}
+	return scan(ctx, cc, tag, send, recv, op)
+}
+
+// Exscan gives every rank but 0 the combination with op, in rank order,
+// of the send vectors of the ranks before it (MPI_Exscan); rank 0's recv
+// is left as it was. send may be nil: recv then holds the rank's own
+// vector.
+func Exscan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
+	cc, tag := c.collective()
+	if send == nil {
+		send = recv
+	} else if len(recv) != len(send) {
+		return fmt.Errorf("comm: exscan of %d elements into %d", len(send), len(recv))
+	}
+	// The inclusive scan, then each rank's goes to the next: in the same
+	// tag as the scan's first round, between the same ranks, after it.
+	incl, inclBuf := getScratch[T](len(send))
+	if err := scan(ctx, cc, tag, send, incl, op); err != nil {
+		return err
+	}
+	var err error
+	switch rank, n := c.rank, c.size; {
+	case rank > 0 && rank < n-1:
+		err = cc.exchange(ctx, "exscan", tag, asBytes(incl), rank+1, asBytes(recv), rank-1)
+	case rank < n-1:
+		err = cc.Send(ctx, asBytes(incl), rank+1, tag)
+	case rank > 0:
+		err = cc.recvAll(ctx, "exscan", asBytes(recv), rank-1, tag)
+	}
+	if err == nil {
+		putScratch(inclBuf)
+	}
+	return err
+}
+
+// scan puts into out the combination of the vectors of ranks 0 to this
+// one, by recursive doubling: after the round of mask, out holds the
+// ranks from this one's less 2*mask-1 (or 0) to this one's, and goes to
+// the rank mask above while the one mask below sends its own.
+func scan[T Number](ctx context.Context, cc *Comm, tag int, send, out []T, op Op[T]) error {
+	copy(out, send)
+	tmp, tmpBuf := getScratch[T](len(out))
+	n, rank := cc.size, cc.rank
+	for mask := 1; mask < n; mask <<= 1 {
+		dst, src := rank+mask, rank-mask
+		var err error
+		switch {
+		case dst < n && src >= 0:
+			err = cc.exchange(ctx, "scan", tag, asBytes(out), dst, asBytes(tmp), src)
+		case dst < n:
+			err = cc.Send(ctx, asBytes(out), dst, tag)
+		case src >= 0:
+			err = cc.recvAll(ctx, "scan", asBytes(tmp), src, tag)
+		}
+		if err != nil {
+			return err
+		}
+		if src >= 0 {
+			op(out, tmp, out)
+		}
+	}
+	putScratch(tmpBuf)
+	return nil
+}
