@@ -26,9 +26,9 @@ import (
 //
 // The algorithms are the usual ones for short and middling messages:
 // dissemination for Barrier, binomial trees for Bcast and Reduce, Bruck's
-// for Allgather, recursive doubling for Allreduce and Scan, pairwise exchange for
-// Alltoall; each takes about log2(size) rounds (Alltoall, Gather and
-// Scatter size−1 messages).
+// for Allgather, recursive doubling for Allreduce and Scan, pairwise
+// exchange for Alltoall; each takes about log2(size) rounds (Alltoall,
+// Gather and Scatter size−1 messages).
 
 // collective returns the communicator that carries c's collectives and
 // the tag of the next one.
