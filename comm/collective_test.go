@@ -189,6 +189,65 @@ func testCollectives(t *testing.T, comms []*Comm) {
 			})
 		}
 	}
+	for _, size := range collSizes {
+		// Blocks of different lengths, rank 0's empty.
+		counts := make([]int, n)
+		total := 0
+		for i := range counts {
+			counts[i] = size*(i%3)/2 + i
+			total += counts[i]
+		}
+		block := func(r int) []byte { return pattern(r+11, counts[r]) }
+		var all []byte
+		for r := range n {
+			all = append(all, block(r)...)
+		}
+		for _, root := range roots {
+			run(fmt.Sprintf("Gatherv/%dB/root%d", size, root), func(t *testing.T) {
+				each(t, comms, func(ctx context.Context, c *Comm) error {
+					var recv []byte
+					if c.Rank() == root {
+						recv = make([]byte, total)
+					}
+					if err := c.Gatherv(ctx, block(c.Rank()), recv, counts, root); err != nil {
+						return err
+					}
+					if c.Rank() == root && !bytes.Equal(recv, all) {
+						return errors.New("gatherv: wrong bytes")
+					}
+					return nil
+				})
+			})
+			run(fmt.Sprintf("Scatterv/%dB/root%d", size, root), func(t *testing.T) {
+				each(t, comms, func(ctx context.Context, c *Comm) error {
+					var send []byte
+					if c.Rank() == root {
+						send = all
+					}
+					recv := make([]byte, counts[c.Rank()])
+					if err := c.Scatterv(ctx, send, counts, recv, root); err != nil {
+						return err
+					}
+					if !bytes.Equal(recv, block(c.Rank())) {
+						return errors.New("scatterv: wrong bytes")
+					}
+					return nil
+				})
+			})
+		}
+		run(fmt.Sprintf("Allgatherv/%dB", size), func(t *testing.T) {
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				recv := make([]byte, total)
+				if err := c.Allgatherv(ctx, block(c.Rank()), recv, counts); err != nil {
+					return err
+				}
+				if !bytes.Equal(recv, all) {
+					return errors.New("allgatherv: wrong bytes")
+				}
+				return nil
+			})
+		})
+	}
 	run("AllreduceFloat", func(t *testing.T) {
 		// Sums of floats depend on their order: every rank gets the same
 		// bits, those of the sum in rank order.
@@ -391,6 +450,9 @@ func TestCollectiveSizeMismatch(t *testing.T) {
 		"bcast from rank 3 of 3":              c.Bcast(ctx, nil, 3),
 		"allreduce of 3 elements into 2":      Allreduce(ctx, c, make([]int32, 3), make([]int32, 2), Sum),
 		"reduce at root of 3 elements into 2": Reduce(ctx, c, make([]int32, 3), make([]int32, 2), Sum, 0),
+		"gatherv with 2 counts for 3 ranks":   c.Gatherv(ctx, nil, nil, []int{0, 0}, 0),
+		"allgatherv with a negative count":    c.Allgatherv(ctx, nil, nil, []int{0, -1, 1}),
+		"scatterv of 1 byte, counts of 2":     c.Scatterv(ctx, []byte{1}, []int{0, 1, 1}, nil, 0),
 	} {
 		if err == nil {
 			t.Errorf("%s: no error", what)

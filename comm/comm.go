@@ -1,8 +1,9 @@
 // Package comm is the API a Go program uses to talk to the other ranks of
 // its job, as MPI's: blocking and non-blocking sends and receives with
 // tags and wildcards, probes, communicators made by Dup and Split, the
-// collectives (Barrier, Bcast, Gather, Scatter, Allgather, Alltoall,
-// Reduce, Allreduce, Scan and Exscan), and Abort.
+// collectives (Barrier, Bcast, Gather, Scatter, Allgather, Alltoall and
+// the vector forms Gatherv, Scatterv and Allgatherv; Reduce, Allreduce,
+// Scan and Exscan), and Abort.
 //
 // Messages between two ranks on the same communicator with the same tag
 // are received in the order they were sent (MPI's non-overtaking rule).
