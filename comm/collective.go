@@ -27,8 +27,9 @@ import (
 // The algorithms are the usual ones for short and middling messages:
 // dissemination for Barrier, binomial trees for Bcast and Reduce, Bruck's
 // for Allgather, recursive doubling for Allreduce and Scan, pairwise
-// exchange for Alltoall; each takes about log2(size) rounds (Alltoall,
-// Gather and Scatter size−1 messages).
+// exchange for Alltoall, a ring for Allgatherv; each takes about
+// log2(size) rounds (Alltoall and Allgatherv size−1, Gather and Scatter
+// and their vector forms size−1 messages).
 
 // collective returns the communicator that carries c's collectives and
 // the tag of the next one.
