@@ -154,68 +154,24 @@ func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
 // used at root only, and must hold Size()*len(send) bytes; root's send may
 // be its own block of recv.
 func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
-	if err := c.checkRoot(root); err != nil {
-		return err
+	return c.Gatherv(ctx, send, recv, c.equalCounts(len(send)), root)
+}
+
+// equalCounts is the counts of a vector collective whose blocks are all
+// of n bytes.
+func (c *Comm) equalCounts(n int) []int {
+	counts := make([]int, c.size)
+	for i := range counts {
+		counts[i] = n
 	}
-	cc, tag := c.collective()
-	m := len(send)
-	if c.rank == root && len(recv) != c.size*m {
-		return fmt.Errorf("comm: gather into %d bytes: %d ranks of %d bytes need %d", len(recv), c.size, m, c.size*m)
-	}
-	if c.rank != root {
-		return cc.Send(ctx, send, root, tag)
-	}
-	copy(recv[c.rank*m:], send)
-	reqs := make([]*Request, 0, c.size-1)
-	for r := range c.size {
-		if r != c.rank {
-			q, err := cc.Irecv(recv[r*m:(r+1)*m], r, tag)
-			if err != nil {
-				return err
-			}
-			reqs = append(reqs, q)
-		}
-	}
-	sts, err := Waitall(ctx, reqs...)
-	if err != nil {
-		return fmt.Errorf("comm: gather: %w", err)
-	}
-	for _, st := range sts {
-		if err := checkCount("gather", st.Source, st, nil, m); err != nil {
-			return err
-		}
-	}
-	return nil
+	return counts
 }
 
 // Scatter sends the blocks of root's send, in rank order, one to each
 // rank's recv: rank i gets send[i*len(recv):]. send is used at root only,
 // and must hold Size()*len(recv) bytes.
 func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
-	if err := c.checkRoot(root); err != nil {
-		return err
-	}
-	cc, tag := c.collective()
-	m := len(recv)
-	if c.rank == root && len(send) != c.size*m {
-		return fmt.Errorf("comm: scatter of %d bytes: %d ranks of %d bytes need %d", len(send), c.size, m, c.size*m)
-	}
-	if c.rank != root {
-		return cc.recvAll(ctx, "scatter", recv, root, tag)
-	}
-	reqs := make([]*Request, 0, c.size-1)
-	for r := range c.size {
-		if r != c.rank {
-			q, err := cc.Isend(send[r*m:(r+1)*m], r, tag)
-			if err != nil {
-				return err
-			}
-			reqs = append(reqs, q)
-		}
-	}
-	copy(recv, send[c.rank*m:])
-	_, err := Waitall(ctx, reqs...)
-	return err
+	return c.Scatterv(ctx, send, c.equalCounts(len(recv)), recv, root)
 }
 
 // Allgather gives every rank the send buffers of all ranks, of equal

@@ -81,56 +81,7 @@ func testCollectives(t *testing.T, comms []*Comm) {
 					return nil
 				})
 			})
-			run(fmt.Sprintf("Gather/%dB/root%d", size, root), func(t *testing.T) {
-				each(t, comms, func(ctx context.Context, c *Comm) error {
-					var recv []byte
-					if c.Rank() == root {
-						recv = make([]byte, n*size)
-					}
-					if err := c.Gather(ctx, pattern(c.Rank(), size), recv, root); err != nil {
-						return err
-					}
-					for r := range n {
-						if c.Rank() == root && !bytes.Equal(recv[r*size:(r+1)*size], pattern(r, size)) {
-							return fmt.Errorf("gather: block %d wrong", r)
-						}
-					}
-					return nil
-				})
-			})
-			run(fmt.Sprintf("Scatter/%dB/root%d", size, root), func(t *testing.T) {
-				each(t, comms, func(ctx context.Context, c *Comm) error {
-					var send []byte
-					if c.Rank() == root {
-						for r := range n {
-							send = append(send, pattern(r+7, size)...)
-						}
-					}
-					recv := make([]byte, size)
-					if err := c.Scatter(ctx, send, recv, root); err != nil {
-						return err
-					}
-					if !bytes.Equal(recv, pattern(c.Rank()+7, size)) {
-						return errors.New("scatter: wrong bytes")
-					}
-					return nil
-				})
-			})
 		}
-		run(fmt.Sprintf("Allgather/%dB", size), func(t *testing.T) {
-			each(t, comms, func(ctx context.Context, c *Comm) error {
-				recv := make([]byte, n*size)
-				if err := c.Allgather(ctx, pattern(c.Rank(), size), recv); err != nil {
-					return err
-				}
-				for r := range n {
-					if !bytes.Equal(recv[r*size:(r+1)*size], pattern(r, size)) {
-						return fmt.Errorf("allgather: block %d wrong", r)
-					}
-				}
-				return nil
-			})
-		})
 		run(fmt.Sprintf("Alltoall/%dB", size), func(t *testing.T) {
 			block := func(from, to int) []byte { return pattern(from*100+to, size) }
 			each(t, comms, func(ctx context.Context, c *Comm) error {
@@ -190,63 +141,9 @@ func testCollectives(t *testing.T, comms []*Comm) {
 		}
 	}
 	for _, size := range collSizes {
-		// Blocks of different lengths, rank 0's empty.
-		counts := make([]int, n)
-		total := 0
-		for i := range counts {
-			counts[i] = size*(i%3)/2 + i
-			total += counts[i]
+		for _, vector := range []bool{false, true} {
+			testBlocks(t, run, comms, roots, size, vector)
 		}
-		block := func(r int) []byte { return pattern(r+11, counts[r]) }
-		var all []byte
-		for r := range n {
-			all = append(all, block(r)...)
-		}
-		for _, root := range roots {
-			run(fmt.Sprintf("Gatherv/%dB/root%d", size, root), func(t *testing.T) {
-				each(t, comms, func(ctx context.Context, c *Comm) error {
-					var recv []byte
-					if c.Rank() == root {
-						recv = make([]byte, total)
-					}
-					if err := c.Gatherv(ctx, block(c.Rank()), recv, counts, root); err != nil {
-						return err
-					}
-					if c.Rank() == root && !bytes.Equal(recv, all) {
-						return errors.New("gatherv: wrong bytes")
-					}
-					return nil
-				})
-			})
-			run(fmt.Sprintf("Scatterv/%dB/root%d", size, root), func(t *testing.T) {
-				each(t, comms, func(ctx context.Context, c *Comm) error {
-					var send []byte
-					if c.Rank() == root {
-						send = all
-					}
-					recv := make([]byte, counts[c.Rank()])
-					if err := c.Scatterv(ctx, send, counts, recv, root); err != nil {
-						return err
-					}
-					if !bytes.Equal(recv, block(c.Rank())) {
-						return errors.New("scatterv: wrong bytes")
-					}
-					return nil
-				})
-			})
-		}
-		run(fmt.Sprintf("Allgatherv/%dB", size), func(t *testing.T) {
-			each(t, comms, func(ctx context.Context, c *Comm) error {
-				recv := make([]byte, total)
-				if err := c.Allgatherv(ctx, block(c.Rank()), recv, counts); err != nil {
-					return err
-				}
-				if !bytes.Equal(recv, all) {
-					return errors.New("allgatherv: wrong bytes")
-				}
-				return nil
-			})
-		})
 	}
 	run("AllreduceFloat", func(t *testing.T) {
 		// Sums of floats depend on their order: every rank gets the same
@@ -268,23 +165,116 @@ func testCollectives(t *testing.T, comms []*Comm) {
 	})
 }
 
+// testBlocks runs Gather, Scatter and Allgather with blocks of size
+// bytes, or their vector forms with blocks of different lengths around
+// size, rank 0's empty.
+func testBlocks(t *testing.T, run func(string, func(*testing.T)), comms []*Comm, roots []int, size int, vector bool) {
+	n := len(comms)
+	counts := make([]int, n)
+	suffix := ""
+	for i := range counts {
+		counts[i] = size
+		if vector {
+			counts[i] = size*(i%3)/2 + i
+		}
+	}
+	if vector {
+		suffix = "v"
+	}
+	block := func(r int) []byte { return pattern(r+11, counts[r]) }
+	var all []byte
+	for r := range n {
+		all = append(all, block(r)...)
+	}
+	for _, root := range roots {
+		run(fmt.Sprintf("Gather%s/%dB/root%d", suffix, size, root), func(t *testing.T) {
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				var recv []byte
+				if c.Rank() == root {
+					recv = make([]byte, len(all))
+				}
+				var err error
+				if vector {
+					err = c.Gatherv(ctx, block(c.Rank()), recv, counts, root)
+				} else {
+					err = c.Gather(ctx, block(c.Rank()), recv, root)
+				}
+				if err != nil {
+					return err
+				}
+				if c.Rank() == root && !bytes.Equal(recv, all) {
+					return errors.New("wrong bytes gathered")
+				}
+				return nil
+			})
+		})
+		run(fmt.Sprintf("Scatter%s/%dB/root%d", suffix, size, root), func(t *testing.T) {
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				var send []byte
+				if c.Rank() == root {
+					send = all
+				}
+				recv := make([]byte, counts[c.Rank()])
+				var err error
+				if vector {
+					err = c.Scatterv(ctx, send, counts, recv, root)
+				} else {
+					err = c.Scatter(ctx, send, recv, root)
+				}
+				if err != nil {
+					return err
+				}
+				if !bytes.Equal(recv, block(c.Rank())) {
+					return errors.New("wrong bytes scattered")
+				}
+				return nil
+			})
+		})
+	}
+	run(fmt.Sprintf("Allgather%s/%dB", suffix, size), func(t *testing.T) {
+		each(t, comms, func(ctx context.Context, c *Comm) error {
+			recv := make([]byte, len(all))
+			var err error
+			if vector {
+				err = c.Allgatherv(ctx, block(c.Rank()), recv, counts)
+			} else {
+				err = c.Allgather(ctx, block(c.Rank()), recv)
+			}
+			if err != nil {
+				return err
+			}
+			if !bytes.Equal(recv, all) {
+				return errors.New("wrong bytes allgathered")
+			}
+			return nil
+		})
+	})
+}
+
+// keepFirst and keepLast are associative operations that are not
+// commutative: the result tells the order the operands came in.
+func keepFirst(dst, a, b []int64) { copy(dst, a) }
+func keepLast(dst, a, b []int64)  { copy(dst, b) }
+
+// opCase is an operation a reduction test runs, and the element i it
+// wants.
+type opCase struct {
+	name string
+	op   Op[int64]
+	want func(i int64) int64
+}
+
 // checkReduce runs reduce (Reduce or Allreduce) with Sum, Max and two
 // associative operations that are not commutative, keeping the first or
 // the last operand, out of place and in place, and checks what the ranks
 // that get a result (has) get: the rank-ordered reduction.
 func checkReduce(ctx context.Context, c *Comm, elems int, reduce func(ctx context.Context, send, recv []int64, op Op[int64], inPlace bool) (has bool, err error)) error {
 	n := int64(c.Size())
-	first := func(dst, a, b []int64) { copy(dst, a) }
-	last := func(dst, a, b []int64) { copy(dst, b) }
-	ops := []struct {
-		name string
-		op   Op[int64]
-		want func(i int64) int64
-	}{
+	ops := []opCase{
 		{"sum", Sum[int64], func(i int64) int64 { return n*i + n*(n-1)/2*1000 }},
 		{"max", Max[int64], func(i int64) int64 { return i + (n-1)*1000 }},
-		{"first", first, func(i int64) int64 { return i }},
-		{"last", last, func(i int64) int64 { return i + (n-1)*1000 }},
+		{"first", keepFirst, func(i int64) int64 { return i }},
+		{"last", keepLast, func(i int64) int64 { return i + (n-1)*1000 }},
 	}
 	for _, o := range ops {
 		for _, inPlace := range []bool{false, true} {
@@ -321,16 +311,10 @@ func checkScan(ctx context.Context, c *Comm, elems int, excl bool) error {
 	if excl {
 		upto--
 	}
-	first := func(dst, a, b []int64) { copy(dst, a) }
-	last := func(dst, a, b []int64) { copy(dst, b) }
-	ops := []struct {
-		name string
-		op   Op[int64]
-		want func(i int64) int64
-	}{
+	ops := []opCase{
 		{"sum", Sum[int64], func(i int64) int64 { return (upto+1)*i + upto*(upto+1)/2*1000 }},
-		{"first", first, func(i int64) int64 { return i }},
-		{"last", last, func(i int64) int64 { return i + upto*1000 }},
+		{"first", keepFirst, func(i int64) int64 { return i }},
+		{"last", keepLast, func(i int64) int64 { return i + upto*1000 }},
 	}
 	for _, o := range ops {
 		for _, inPlace := range []bool{false, true} {
