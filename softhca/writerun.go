@@ -67,7 +67,7 @@ func (r *writeRun) continues(p *roce.Packet) bool {
 func (d *Device) placeRead(q *qp, w *swqe, p *roce.Packet) bool {
 	r := &d.eng.run
 	mem, addr, join := sgTarget(w.sg, w.rdGot, p)
-	if r.q != nil && !(join && r.q == q && r.w == w && r.mem == mem && r.addr+r.n == addr) {
+	if r.q != nil && !(join && r.extends(q, w, false, mem, addr)) {
 		if r.w != w {
 			d.endRun() // another's run: its failure is its own
 		} else if !d.flushRun() {
@@ -79,6 +79,13 @@ func (d *Device) placeRead(q *qp, w *swqe, p *roce.Packet) bool {
 	}
 	r.add(q, w, false, mem, addr, p)
 	return true
+}
+
+// extends reports whether a payload of q's message (the READ w's
+// responses or, w nil, q's SEND if send, else its WRITE) bound for addr of
+// mem continues the run.
+func (r *writeRun) extends(q *qp, w *swqe, send bool, mem memory, addr uint64) bool {
+	return r.q == q && r.w == w && r.send == send && r.mem == mem && r.addr+r.n == addr
 }
 
 // add appends p's payload to the run, which starts with it if there is
@@ -127,7 +134,7 @@ func (d *Device) placeSend(q *qp, p *roce.Packet, sg []lsge, off uint32) bool {
 // else the caller writes p at once.
 func (d *Device) joinRun(q *qp, p *roce.Packet, join, send bool, mem memory, addr uint64) bool {
 	r := &d.eng.run
-	if r.q != nil && !(join && r.q == q && r.w == nil && r.send == send && r.mem == mem && r.addr+r.n == addr) {
+	if r.q != nil && !(join && r.extends(q, nil, send, mem, addr)) {
 		d.endRun()
 		if q.state == qpstate.Err {
 			return true // the run's NAK is out; this packet answers to it
