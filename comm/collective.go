@@ -63,25 +63,22 @@ func checkCount(what string, src int, st Status, err error, want int) error {
 }
 
 // exchange sends sbuf to dst while it receives exactly len(rbuf) bytes
-// from src. Its requests are recycled, as Send's and Recv's.
+// from src (Sendrecv in one tag); a negative dst or src is no peer: only
+// the receive, or only the send.
 func (c *Comm) exchange(ctx context.Context, what string, tag int, sbuf []byte, dst int, rbuf []byte, src int) error {
-	rr, err := c.irecv(pooledRequest(c.e), rbuf, src, tag)
-	if err != nil {
-		return err
+	switch {
+	case src < 0 && dst < 0:
+		return nil
+	case src < 0:
+		if err := c.Send(ctx, sbuf, dst, tag); err != nil {
+			return fmt.Errorf("comm: %s to rank %d: %w", what, dst, err)
+		}
+		return nil
+	case dst < 0:
+		return c.recvAll(ctx, what, rbuf, src, tag)
 	}
-	defer rr.release()
-	sr, err := c.isend(pooledRequest(c.e), sbuf, dst, tag)
+	st, err := c.Sendrecv(ctx, sbuf, dst, tag, rbuf, src, tag)
 	if err != nil {
-		rr.Cancel()
-		return err
-	}
-	defer sr.release()
-	st, err := rr.Wait(ctx)
-	if err == nil {
-		_, err = sr.Wait(ctx)
-	}
-	if err != nil {
-		rr.Cancel() // if no message has matched it
 		return fmt.Errorf("comm: %s with ranks %d and %d: %w", what, src, dst, err)
 	}
 	return checkCount(what, src, st, nil, len(rbuf))

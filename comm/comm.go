@@ -475,20 +475,24 @@ func (c *Comm) Recv(ctx context.Context, buf []byte, src, tag int) (Status, erro
 // Sendrecv sends to dst and receives from src at once, so that two ranks
 // can exchange without ordering their calls.
 func (c *Comm) Sendrecv(ctx context.Context, sbuf []byte, dst, stag int, rbuf []byte, src, rtag int) (Status, error) {
-	rr, err := c.Irecv(rbuf, src, rtag)
+	rr, err := c.irecv(pooledRequest(c.e), rbuf, src, rtag)
 	if err != nil {
 		return Status{}, err
 	}
-	sr, err := c.Isend(sbuf, dst, stag)
+	defer rr.release()
+	sr, err := c.isend(pooledRequest(c.e), sbuf, dst, stag)
 	if err != nil {
 		rr.Cancel()
 		return Status{}, err
 	}
-	sts, err := Waitall(ctx, rr, sr)
-	if err != nil {
+	defer sr.release()
+	st, rerr := rr.Wait(ctx)
+	if !rr.isDone() { // the context ended, or the job
 		rr.Cancel() // if no message has matched it
+		return Status{}, rerr
 	}
-	return sts[0], err
+	_, serr := sr.Wait(ctx)
+	return st, errors.Join(rerr, serr)
 }
 
 // Iprobe reports whether a message from src with tag waits to be

@@ -288,15 +288,11 @@ func Exscan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) er
 	if err := scan(ctx, cc, tag, send, incl, op); err != nil {
 		return err
 	}
-	var err error
-	switch rank, n := c.rank, c.size; {
-	case rank > 0 && rank < n-1:
-		err = cc.exchange(ctx, "exscan", tag, asBytes(incl), rank+1, asBytes(recv), rank-1)
-	case rank < n-1:
-		err = cc.Send(ctx, asBytes(incl), rank+1, tag)
-	case rank > 0:
-		err = cc.recvAll(ctx, "exscan", asBytes(recv), rank-1, tag)
+	dst := c.rank + 1
+	if dst == c.size {
+		dst = -1 // none
 	}
+	err := cc.exchange(ctx, "exscan", tag, asBytes(incl), dst, asBytes(recv), c.rank-1)
 	if err == nil {
 		putScratch(inclBuf)
 	}
@@ -313,16 +309,10 @@ func scan[T Number](ctx context.Context, cc *Comm, tag int, send, out []T, op Op
 	n, rank := cc.size, cc.rank
 	for mask := 1; mask < n; mask <<= 1 {
 		dst, src := rank+mask, rank-mask
-		var err error
-		switch {
-		case dst < n && src >= 0:
-			err = cc.exchange(ctx, "scan", tag, asBytes(out), dst, asBytes(tmp), src)
-		case dst < n:
-			err = cc.Send(ctx, asBytes(out), dst, tag)
-		case src >= 0:
-			err = cc.recvAll(ctx, "scan", asBytes(tmp), src, tag)
+		if dst >= n {
+			dst = -1 // none
 		}
-		if err != nil {
+		if err := cc.exchange(ctx, "scan", tag, asBytes(out), dst, asBytes(tmp), src); err != nil {
 			return err
 		}
 		if src >= 0 {
