@@ -121,6 +121,18 @@ func putScratch(b *[]byte) {
 	}
 }
 
+// input is the vector a rank gives a reduction: send, or recv when send
+// is nil (the in-place form); an error if they differ in length.
+func input[T Number](what string, send, recv []T) ([]T, error) {
+	if send == nil {
+		return recv, nil
+	}
+	if len(recv) != len(send) {
+		return nil, fmt.Errorf("comm: %s of %d elements into %d", what, len(send), len(recv))
+	}
+	return send, nil
+}
+
 // Reduce combines the send vectors of all the ranks of c with op into
 // root's recv, in rank order. recv is used at root only. At root, send
 // may be nil: recv then holds root's own vector (MPI_IN_PLACE).
@@ -190,10 +202,9 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 // the rank's own vector (MPI_IN_PLACE).
 func Allreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
 	cc, tag := c.collective()
-	if send == nil {
-		send = recv
-	} else if len(recv) != len(send) {
-		return fmt.Errorf("comm: allreduce of %d elements into %d", len(send), len(recv))
+	send, err := input("allreduce", send, recv)
+	if err != nil {
+		return err
 	}
 	n, rank := c.size, c.rank
 	tmp, tmpBuf := getScratch[T](len(recv))
@@ -263,10 +274,9 @@ func Allreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T])
 // then holds the rank's own vector.
 func Scan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
 	cc, tag := c.collective()
-	if send == nil {
-		send = recv
-	} else if len(recv) != len(send) {
-		return fmt.Errorf("comm: scan of %d elements into %d", len(send), len(recv))
+	send, err := input("scan", send, recv)
+	if err != nil {
+		return err
 	}
 	return scan(ctx, cc, tag, send, recv, op)
 }
@@ -277,10 +287,9 @@ func Scan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) erro
 // vector.
 func Exscan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
 	cc, tag := c.collective()
-	if send == nil {
-		send = recv
-	} else if len(recv) != len(send) {
-		return fmt.Errorf("comm: exscan of %d elements into %d", len(send), len(recv))
+	send, err := input("exscan", send, recv)
+	if err != nil {
+		return err
 	}
 	// The inclusive scan, then each rank's goes to the next: in the same
 	// tag as the scan's first round, between the same ranks, after it.
@@ -292,7 +301,7 @@ func Exscan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) er
 	if dst == c.size {
 		dst = -1 // none
 	}
-	err := cc.exchange(ctx, "exscan", tag, asBytes(incl), dst, asBytes(recv), c.rank-1)
+	err = cc.exchange(ctx, "exscan", tag, asBytes(incl), dst, asBytes(recv), c.rank-1)
 	if err == nil {
 		putScratch(inclBuf)
 	}
