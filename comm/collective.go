@@ -27,9 +27,10 @@ import (
 // The algorithms are the usual ones for short and middling messages:
 // dissemination for Barrier, binomial trees for Bcast and Reduce, Bruck's
 // for Allgather, recursive doubling for Allreduce and Scan, pairwise
-// exchange for Alltoall, a ring for Allgatherv; each takes about
-// log2(size) rounds (Alltoall and Allgatherv size−1, Gather and Scatter
-// and their vector forms size−1 messages).
+// exchange for Alltoall(v), a ring for Allgatherv, Reduce then Scatterv
+// for ReduceScatter; each takes about log2(size) rounds (Alltoall(v) and
+// Allgatherv size−1, Gather and Scatter and their vector forms size−1
+// messages).
 
 // collective returns the communicator that carries c's collectives and
 // the tag of the next one.
@@ -151,7 +152,7 @@ func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
 // used at root only, and must hold Size()*len(send) bytes; root's send may
 // be its own block of recv.
 func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
-	return c.Gatherv(ctx, send, recv, c.equalCounts(len(send)), root)
+	return c.Gatherv(ctx, send, recv, c.equalCounts(len(send)), nil, root)
 }
 
 // equalCounts is the counts of a vector collective whose blocks are all
@@ -168,7 +169,7 @@ func (c *Comm) equalCounts(n int) []int {
 // rank's recv: rank i gets send[i*len(recv):]. send is used at root only,
 // and must hold Size()*len(recv) bytes.
 func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
-	return c.Scatterv(ctx, send, c.equalCounts(len(recv)), recv, root)
+	return c.Scatterv(ctx, send, c.equalCounts(len(recv)), nil, recv, root)
 }
 
 // Allgather gives every rank the send buffers of all ranks, of equal
@@ -213,13 +214,14 @@ func (c *Comm) Alltoall(ctx context.Context, send, recv []byte) error {
 	if len(send) != len(recv) || len(send)%n != 0 {
 		return fmt.Errorf("comm: alltoall of %d bytes into %d: both must be %d equal blocks", len(send), len(recv), n)
 	}
-	m := len(send) / n
-	copy(recv[c.rank*m:(c.rank+1)*m], send[c.rank*m:])
-	for k := 1; k < n; k++ {
-		dst, src := (c.rank+k)%n, (c.rank-k+n)%n
-		if err := cc.exchange(ctx, "alltoall", tag, send[dst*m:(dst+1)*m], dst, recv[src*m:(src+1)*m], src); err != nil {
-			return err
-		}
+	counts := c.equalCounts(len(send) / n)
+	sb, err := c.blocks("alltoall", send, counts, nil, false)
+	if err != nil {
+		return err
 	}
-	return nil
+	rb, err := c.blocks("alltoall", recv, counts, nil, true)
+	if err != nil {
+		return err
+	}
+	return cc.alltoall(ctx, "alltoall", tag, sb, rb)
 }

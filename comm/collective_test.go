@@ -105,24 +105,28 @@ func testCollectives(t *testing.T, comms []*Comm) {
 		for _, root := range roots {
 			run(fmt.Sprintf("Reduce/%dB/root%d", size, root), func(t *testing.T) {
 				each(t, comms, func(ctx context.Context, c *Comm) error {
-					return checkReduce(ctx, c, elems, func(ctx context.Context, send, recv []int64, op Op[int64], inPlace bool) (bool, error) {
+					return checkReduce(ctx, c, elems, func(ctx context.Context, send, recv []int64, op Op[int64], inPlace bool) (int, int, error) {
 						if inPlace && c.Rank() == root {
 							copy(recv, send)
 							send = nil
 						}
-						return c.Rank() == root, Reduce(ctx, c, send, recv, op, root)
+						err := Reduce(ctx, c, send, recv, op, root)
+						if c.Rank() != root {
+							return 0, 0, err
+						}
+						return 0, len(recv), err
 					})
 				})
 			})
 		}
 		run(fmt.Sprintf("Allreduce/%dB", size), func(t *testing.T) {
 			each(t, comms, func(ctx context.Context, c *Comm) error {
-				return checkReduce(ctx, c, elems, func(ctx context.Context, send, recv []int64, op Op[int64], inPlace bool) (bool, error) {
+				return checkReduce(ctx, c, elems, func(ctx context.Context, send, recv []int64, op Op[int64], inPlace bool) (int, int, error) {
 					if inPlace {
 						copy(recv, send)
 						send = nil
 					}
-					return true, Allreduce(ctx, c, send, recv, op)
+					return 0, len(recv), Allreduce(ctx, c, send, recv, op)
 				})
 			})
 		})
@@ -141,9 +145,13 @@ func testCollectives(t *testing.T, comms []*Comm) {
 		}
 	}
 	for _, size := range collSizes {
-		for _, vector := range []bool{false, true} {
-			testBlocks(t, run, comms, roots, size, vector)
+		for _, layout := range blockLayouts {
+			testBlocks(t, run, comms, roots, size, layout)
 		}
+		run(fmt.Sprintf("Alltoallv/%dB", size), func(t *testing.T) { testAlltoallv(t, comms, size) })
+		run(fmt.Sprintf("ReduceScatter/%dB", size), func(t *testing.T) {
+			each(t, comms, func(ctx context.Context, c *Comm) error { return checkReduceScatter(ctx, c, size/8) })
+		})
 	}
 	run("AllreduceFloat", func(t *testing.T) {
 		// Sums of floats depend on their order: every rank gets the same
@@ -165,37 +173,52 @@ func testCollectives(t *testing.T, comms []*Comm) {
 	})
 }
 
+// blockLayouts are the ways testBlocks lays out the ranks' blocks: the
+// plain collectives (equal blocks in rank order), the vector forms with
+// blocks of different lengths one after another (no displacements), and
+// with the blocks in reverse rank order and gaps between them.
+var blockLayouts = []string{"", "v", "v-displs"}
+
 // testBlocks runs Gather, Scatter and Allgather with blocks of size
 // bytes, or their vector forms with blocks of different lengths around
 // size, rank 0's empty.
-func testBlocks(t *testing.T, run func(string, func(*testing.T)), comms []*Comm, roots []int, size int, vector bool) {
+func testBlocks(t *testing.T, run func(string, func(*testing.T)), comms []*Comm, roots []int, size int, layout string) {
 	n := len(comms)
 	counts := make([]int, n)
-	suffix := ""
 	for i := range counts {
 		counts[i] = size
-		if vector {
+		if layout != "" {
 			counts[i] = size*(i%3)/2 + i
 		}
 	}
-	if vector {
-		suffix = "v"
-	}
 	block := func(r int) []byte { return pattern(r+11, counts[r]) }
-	var all []byte
-	for r := range n {
-		all = append(all, block(r)...)
+	var displs []int
+	var all []byte // the gathered buffer
+	if layout == "v-displs" {
+		displs = make([]int, n)
+		for r := n - 1; r >= 0; r-- {
+			displs[r] = len(all)
+			all = append(all, block(r)...)
+			all = append(all, gap...)
+		}
+	} else {
+		for r := range n {
+			all = append(all, block(r)...)
+		}
 	}
+	// into is a buffer to gather into, its gaps filled as all's are.
+	into := func() []byte { return bytes.Repeat(gap[:1], len(all)) }
+	vector := layout != ""
 	for _, root := range roots {
-		run(fmt.Sprintf("Gather%s/%dB/root%d", suffix, size, root), func(t *testing.T) {
+		run(fmt.Sprintf("Gather%s/%dB/root%d", layout, size, root), func(t *testing.T) {
 			each(t, comms, func(ctx context.Context, c *Comm) error {
 				var recv []byte
 				if c.Rank() == root {
-					recv = make([]byte, len(all))
+					recv = into()
 				}
 				var err error
 				if vector {
-					err = c.Gatherv(ctx, block(c.Rank()), recv, counts, root)
+					err = c.Gatherv(ctx, block(c.Rank()), recv, counts, displs, root)
 				} else {
 					err = c.Gather(ctx, block(c.Rank()), recv, root)
 				}
@@ -208,7 +231,7 @@ func testBlocks(t *testing.T, run func(string, func(*testing.T)), comms []*Comm,
 				return nil
 			})
 		})
-		run(fmt.Sprintf("Scatter%s/%dB/root%d", suffix, size, root), func(t *testing.T) {
+		run(fmt.Sprintf("Scatter%s/%dB/root%d", layout, size, root), func(t *testing.T) {
 			each(t, comms, func(ctx context.Context, c *Comm) error {
 				var send []byte
 				if c.Rank() == root {
@@ -217,7 +240,7 @@ func testBlocks(t *testing.T, run func(string, func(*testing.T)), comms []*Comm,
 				recv := make([]byte, counts[c.Rank()])
 				var err error
 				if vector {
-					err = c.Scatterv(ctx, send, counts, recv, root)
+					err = c.Scatterv(ctx, send, counts, displs, recv, root)
 				} else {
 					err = c.Scatter(ctx, send, recv, root)
 				}
@@ -231,12 +254,12 @@ func testBlocks(t *testing.T, run func(string, func(*testing.T)), comms []*Comm,
 			})
 		})
 	}
-	run(fmt.Sprintf("Allgather%s/%dB", suffix, size), func(t *testing.T) {
+	run(fmt.Sprintf("Allgather%s/%dB", layout, size), func(t *testing.T) {
 		each(t, comms, func(ctx context.Context, c *Comm) error {
-			recv := make([]byte, len(all))
+			recv := into()
 			var err error
 			if vector {
-				err = c.Allgatherv(ctx, block(c.Rank()), recv, counts)
+				err = c.Allgatherv(ctx, block(c.Rank()), recv, counts, displs)
 			} else {
 				err = c.Allgather(ctx, block(c.Rank()), recv)
 			}
@@ -249,6 +272,58 @@ func testBlocks(t *testing.T, run func(string, func(*testing.T)), comms []*Comm,
 			return nil
 		})
 	})
+}
+
+// gap is what lies between the blocks of a layout with displacements:
+// a collective must leave it alone.
+var gap = []byte{0xee, 0xee, 0xee}
+
+// testAlltoallv runs Alltoallv with blocks of a length that depends on
+// both ranks (some empty), sent from blocks one after another and
+// received into blocks in reverse rank order with gaps; then the other
+// way round.
+func testAlltoallv(t *testing.T, comms []*Comm, size int) {
+	n := len(comms)
+	count := func(from, to int) int { return (from+2*to)%4*size/3 + (from+to)%2 }
+	block := func(from, to int) []byte { return pattern(from*100+to, count(from, to)) }
+	// laid returns the counts of blocks, displacements in reverse order
+	// with gaps, the buffer they fill and the gaps' bytes; packed leaves
+	// displs nil.
+	lay := func(blockOf func(r int) []byte, packed bool) (counts, displs []int, buf []byte) {
+		counts = make([]int, n)
+		if !packed {
+			displs = make([]int, n)
+		}
+		for k := range n {
+			r := k
+			if !packed {
+				r = n - 1 - k
+				displs[r] = len(buf)
+			}
+			b := blockOf(r)
+			counts[r] = len(b)
+			buf = append(buf, b...)
+			if !packed {
+				buf = append(buf, gap...)
+			}
+		}
+		return counts, displs, buf
+	}
+	for _, sendPacked := range []bool{true, false} {
+		each(t, comms, func(ctx context.Context, c *Comm) error {
+			me := c.Rank()
+			sc, sd, send := lay(func(r int) []byte { return block(me, r) }, sendPacked)
+			rc, rd, want := lay(func(r int) []byte { return block(r, me) }, !sendPacked)
+			recv := bytes.Repeat(gap[:1], len(want))
+			if err := c.Alltoallv(ctx, send, sc, sd, recv, rc, rd); err != nil {
+				return err
+			}
+			if !bytes.Equal(recv, want) {
+				return fmt.Errorf("alltoallv (send packed %v): wrong bytes", sendPacked)
+			}
+			return nil
+		})
+	}
 }
 
 // keepFirst and keepLast are associative operations that are not
@@ -264,11 +339,12 @@ type opCase struct {
 	want func(i int64) int64
 }
 
-// checkReduce runs reduce (Reduce or Allreduce) with Sum, Max and two
-// associative operations that are not commutative, keeping the first or
-// the last operand, out of place and in place, and checks what the ranks
-// that get a result (has) get: the rank-ordered reduction.
-func checkReduce(ctx context.Context, c *Comm, elems int, reduce func(ctx context.Context, send, recv []int64, op Op[int64], inPlace bool) (has bool, err error)) error {
+// checkReduce runs reduce (Reduce, Allreduce, ReduceScatter) with Sum,
+// Max and two associative operations that are not commutative, keeping
+// the first or the last operand, out of place and in place, and checks
+// the elements of recv that get a result, [lo, hi): the rank-ordered
+// reduction.
+func checkReduce(ctx context.Context, c *Comm, elems int, reduce func(ctx context.Context, send, recv []int64, op Op[int64], inPlace bool) (lo, hi int, err error)) error {
 	n := int64(c.Size())
 	ops := []opCase{
 		{"sum", Sum[int64], func(i int64) int64 { return n*i + n*(n-1)/2*1000 }},
@@ -284,18 +360,65 @@ func checkReduce(ctx context.Context, c *Comm, elems int, reduce func(ctx contex
 			}
 			orig := slices.Clone(send)
 			recv := make([]int64, elems)
-			has, err := reduce(ctx, send, recv, o.op, inPlace)
+			lo, hi, err := reduce(ctx, send, recv, o.op, inPlace)
 			if err != nil {
 				return fmt.Errorf("%s: %w", o.name, err)
 			}
 			if !slices.Equal(send, orig) {
 				return fmt.Errorf("%s: the send vector changed", o.name)
 			}
-			for i := range recv {
-				if has && recv[i] != o.want(int64(i)) {
+			for i := lo; i < hi; i++ {
+				if recv[i] != o.want(int64(i)) {
 					return fmt.Errorf("%s (in place %v): element %d is %d, want %d", o.name, inPlace, i, recv[i], o.want(int64(i)))
 				}
 			}
+		}
+	}
+	return nil
+}
+
+// checkReduceScatter runs ReduceScatter, with blocks of different lengths
+// around elems (rank 0's empty), and ReduceScatterBlock, out of place and
+// in place, with the ops of checkReduce, and checks each rank's block.
+func checkReduceScatter(ctx context.Context, c *Comm, elems int) error {
+	n := c.Size()
+	counts := make([]int, n)
+	offs := make([]int, n+1)
+	for i := range counts {
+		counts[i] = elems*(i%3)/2 + i
+		offs[i+1] = offs[i] + counts[i]
+	}
+	for _, block := range []bool{false, true} {
+		if block {
+			for i := range counts {
+				counts[i] = elems
+				offs[i+1] = offs[i] + elems
+			}
+		}
+		me := c.Rank()
+		err := checkReduce(ctx, c, offs[n], func(ctx context.Context, send, recv []int64, op Op[int64], inPlace bool) (int, int, error) {
+			// recv is as long as the whole vector: the rank's block goes
+			// to its part of it, where the check looks.
+			out := recv[offs[me]:offs[me+1]]
+			var err error
+			switch {
+			case inPlace:
+				copy(recv, send)
+				if block {
+					err = ReduceScatterBlock(ctx, c, nil, recv, op)
+				} else {
+					err = ReduceScatter(ctx, c, nil, recv, counts, op)
+				}
+				copy(out, recv[:counts[me]])
+			case block:
+				err = ReduceScatterBlock(ctx, c, send, out, op)
+			default:
+				err = ReduceScatter(ctx, c, send, out, counts, op)
+			}
+			return offs[me], offs[me+1], err
+		})
+		if err != nil {
+			return fmt.Errorf("block %v: %w", block, err)
 		}
 	}
 	return nil
@@ -429,14 +552,21 @@ func TestCollectiveSizeMismatch(t *testing.T) {
 	ctx := context.Background()
 	c := comms[0]
 	for what, err := range map[string]error{
-		"allgather into 4 bytes":              c.Allgather(ctx, make([]byte, 4), make([]byte, 4)),
-		"alltoall of 5 bytes on 3 ranks":      c.Alltoall(ctx, make([]byte, 5), make([]byte, 5)),
-		"bcast from rank 3 of 3":              c.Bcast(ctx, nil, 3),
-		"allreduce of 3 elements into 2":      Allreduce(ctx, c, make([]int32, 3), make([]int32, 2), Sum),
-		"reduce at root of 3 elements into 2": Reduce(ctx, c, make([]int32, 3), make([]int32, 2), Sum, 0),
-		"gatherv with 2 counts for 3 ranks":   c.Gatherv(ctx, nil, nil, []int{0, 0}, 0),
-		"allgatherv with a negative count":    c.Allgatherv(ctx, nil, nil, []int{0, -1, 1}),
-		"scatterv of 1 byte, counts of 2":     c.Scatterv(ctx, []byte{1}, []int{0, 1, 1}, nil, 0),
+		"allgather into 4 bytes":                    c.Allgather(ctx, make([]byte, 4), make([]byte, 4)),
+		"alltoall of 5 bytes on 3 ranks":            c.Alltoall(ctx, make([]byte, 5), make([]byte, 5)),
+		"bcast from rank 3 of 3":                    c.Bcast(ctx, nil, 3),
+		"allreduce of 3 elements into 2":            Allreduce(ctx, c, make([]int32, 3), make([]int32, 2), Sum),
+		"reduce at root of 3 elements into 2":       Reduce(ctx, c, make([]int32, 3), make([]int32, 2), Sum, 0),
+		"gatherv with 2 counts for 3 ranks":         c.Gatherv(ctx, nil, nil, []int{0, 0}, nil, 0),
+		"allgatherv with a negative count":          c.Allgatherv(ctx, nil, nil, []int{0, -1, 1}, nil),
+		"scatterv of 1 byte, counts of 2":           c.Scatterv(ctx, []byte{1}, []int{0, 1, 1}, nil, nil, 0),
+		"gatherv with 2 displacements":              c.Gatherv(ctx, nil, nil, []int{0, 0, 0}, []int{0, 0}, 0),
+		"gatherv with a block past the end":         c.Gatherv(ctx, []byte{1}, make([]byte, 4), []int{1, 1, 1}, []int{0, 1, 4}, 0),
+		"gatherv with a negative displacement":      c.Gatherv(ctx, []byte{1}, make([]byte, 4), []int{1, 1, 1}, []int{0, -1, 2}, 0),
+		"allgatherv into overlapping blocks":        c.Allgatherv(ctx, []byte{1, 2}, make([]byte, 6), []int{2, 2, 2}, []int{0, 3, 2}),
+		"alltoallv sending itself 1 byte of 2":      c.Alltoallv(ctx, []byte{1}, []int{1, 0, 0}, nil, []byte{1, 2}, []int{2, 0, 0}, nil),
+		"reduce_scatter of 3 elements, counts of 4": ReduceScatter(ctx, c, make([]int32, 3), make([]int32, 1), []int{1, 1, 2}, Sum),
+		"reduce_scatter into 2 elements, count 1":   ReduceScatter(ctx, c, make([]int32, 3), make([]int32, 2), []int{1, 1, 1}, Sum),
 	} {
 		if err == nil {
 			t.Errorf("%s: no error", what)

@@ -2,8 +2,9 @@
 // its job, as MPI's: blocking and non-blocking sends and receives with
 // tags and wildcards, probes, communicators made by Dup and Split, the
 // collectives (Barrier, Bcast, Gather, Scatter, Allgather, Alltoall and
-// the vector forms Gatherv, Scatterv and Allgatherv; Reduce, Allreduce,
-// Scan and Exscan), and Abort.
+// the vector forms Gatherv, Scatterv, Allgatherv and Alltoallv; Reduce,
+// Allreduce, ReduceScatter, ReduceScatterBlock, Scan and Exscan), and
+// Abort.
 //
 // Messages between two ranks on the same communicator with the same tag
 // are received in the order they were sent (MPI's non-overtaking rule).

@@ -147,6 +147,11 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 	if c.rank == root && send == nil {
 		send = recv
 	}
+	return reduce(ctx, cc, tag, send, recv, op, root)
+}
+
+// reduce is Reduce once its tag is taken and its vectors checked.
+func reduce[T Number](ctx context.Context, c *Comm, tag int, send, recv []T, op Op[T], root int) error {
 	// A binomial tree toward rank 0, whose subtrees are ranges of ranks:
 	// a rank's vector covers the ranks below its children's, so it comes
 	// first in op. Rank 0 then passes the result to root. acc is what
@@ -157,7 +162,7 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 	var tmpBuf, sumBuf *[]byte
 	for mask := 1; mask < c.size; mask <<= 1 {
 		if c.rank&mask != 0 {
-			if err := cc.Send(ctx, asBytes(acc), c.rank-mask, tag); err != nil {
+			if err := c.Send(ctx, asBytes(acc), c.rank-mask, tag); err != nil {
 				return err
 			}
 			break
@@ -173,7 +178,7 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 				sum, sumBuf = getScratch[T](len(send))
 			}
 		}
-		if err := cc.recvAll(ctx, "reduce", asBytes(tmp), child, tag); err != nil {
+		if err := c.recvAll(ctx, "reduce", asBytes(tmp), child, tag); err != nil {
 			return err
 		}
 		op(sum, acc, tmp)
@@ -186,15 +191,85 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 			copy(recv, send)
 		}
 	case c.rank == 0:
-		err = cc.Send(ctx, asBytes(acc), root, tag)
+		err = c.Send(ctx, asBytes(acc), root, tag)
 	case c.rank == root:
-		err = cc.recvAll(ctx, "reduce", asBytes(recv), 0, tag)
+		err = c.recvAll(ctx, "reduce", asBytes(recv), 0, tag)
 	}
 	if err == nil {
 		putScratch(tmpBuf)
 		putScratch(sumBuf)
 	}
 	return err
+}
+
+// ReduceScatter combines the send vectors of all the ranks of c with op,
+// in rank order, as Reduce does, and gives each rank i block i of the
+// result: counts[i] elements, after the blocks of the ranks before it.
+// send holds the counts' sum, and recv counts[Rank()] elements. send may
+// be nil: recv then holds the rank's whole vector and gets its block at
+// its start (MPI_IN_PLACE). The result is reduced at rank 0 and scattered
+// from there, which any op allows.
+func ReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, counts []int, op Op[T]) error {
+	cc, tag := c.collective()
+	in := send
+	if in == nil {
+		in = recv
+	}
+	if len(counts) != c.size {
+		return fmt.Errorf("comm: reduce_scatter: %d counts for %d ranks", len(counts), c.size)
+	}
+	var z T
+	size := int(unsafe.Sizeof(z))
+	byteCounts := make([]int, len(counts))
+	total := 0
+	for i, n := range counts {
+		if n < 0 {
+			return fmt.Errorf("comm: reduce_scatter: count %d of rank %d", n, i)
+		}
+		byteCounts[i] = n * size
+		total += n
+	}
+	switch {
+	case len(in) != total:
+		return fmt.Errorf("comm: reduce_scatter of %d elements: the counts say %d", len(in), total)
+	case send != nil && len(recv) != counts[c.rank]:
+		return fmt.Errorf("comm: reduce_scatter into %d elements: this rank's count says %d", len(recv), counts[c.rank])
+	}
+	// Rank 0 reduces the whole vector and scatters its blocks.
+	var whole []T
+	var wholeBuf *[]byte
+	var bs [][]byte
+	if c.rank == 0 {
+		whole, wholeBuf = getScratch[T](total)
+		var err error
+		if bs, err = c.blocks("reduce_scatter", asBytes(whole), byteCounts, nil, false); err != nil {
+			return err
+		}
+	}
+	if err := reduce(ctx, cc, tag, in, whole, op, 0); err != nil {
+		return err
+	}
+	out := asBytes(recv[:counts[c.rank]])
+	if c.rank != 0 {
+		return cc.recvAll(ctx, "reduce_scatter", out, 0, tag)
+	}
+	if err := cc.scatterv(ctx, tag, bs, out); err != nil {
+		return err
+	}
+	putScratch(wholeBuf)
+	return nil
+}
+
+// ReduceScatterBlock is ReduceScatter with blocks of len(recv) elements
+// each (MPI_Reduce_scatter_block): send holds Size() of them. In place
+// (send nil), recv holds the Size() blocks and gets the rank's block at
+// its start.
+func ReduceScatterBlock[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
+	m := len(recv)
+	if send == nil {
+		m = len(recv) / c.size
+	}
+	return ReduceScatter(ctx, c, send, recv, c.equalCounts(m), op)
 }
 
 // Allreduce combines the send vectors of all the ranks of c with op, in

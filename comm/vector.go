@@ -1,35 +1,73 @@
 package comm
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 )
 
-// The vector forms of Gather, Scatter and Allgather: the ranks' blocks
-// differ in length, counts[i] bytes for rank i, and lie one after another
-// in the gathered buffer, rank 0's first (MPI's with displacements that
-// are the counts' running sum; other layouts are slices of the caller's).
+// The vector forms of Gather, Scatter, Allgather and Alltoall: the ranks'
+// blocks differ in length, counts[i] bytes for rank i, and lie in the
+// gathered (or scattered) buffer at displs[i], as MPI's. With displs nil
+// they lie one after another, rank 0's first, and fill the buffer.
 
-// checkCounts checks counts against the communicator and returns their
-// sum and the offset of each rank's block.
-func (c *Comm) checkCounts(what string, counts []int) (int, []int, error) {
-	if len(counts) != c.size {
-		return 0, nil, fmt.Errorf("comm: %s: %d counts for %d ranks", what, len(counts), c.size)
+// blocks cuts buf into the blocks that counts and displs describe, one per
+// rank of c, each capped at its end. Blocks a collective writes (into
+// must) may not overlap: two transports would write the same bytes.
+func (c *Comm) blocks(what string, buf []byte, counts, displs []int, into bool) ([][]byte, error) {
+	if len(counts) != c.size || displs != nil && len(displs) != c.size {
+		return nil, fmt.Errorf("comm: %s: %d counts and %d displacements for %d ranks", what, len(counts), len(displs), c.size)
 	}
-	offs := make([]int, c.size+1)
+	bs := make([][]byte, c.size)
+	off := 0
 	for i, n := range counts {
 		if n < 0 {
-			return 0, nil, fmt.Errorf("comm: %s: count %d of rank %d", what, n, i)
+			return nil, fmt.Errorf("comm: %s: count %d of rank %d", what, n, i)
 		}
-		offs[i+1] = offs[i] + n
+		if displs != nil {
+			off = displs[i]
+		}
+		if off < 0 || off > len(buf) || n > len(buf)-off {
+			return nil, fmt.Errorf("comm: %s: rank %d's block of %d bytes at %d lies outside the %d-byte buffer", what, i, n, off, len(buf))
+		}
+		bs[i] = buf[off : off+n : off+n]
+		off += n
 	}
-	return offs[c.size], offs, nil
+	if displs == nil && off != len(buf) {
+		return nil, fmt.Errorf("comm: %s: the counts add up to %d bytes, the buffer holds %d", what, off, len(buf))
+	}
+	if into && displs != nil {
+		if err := checkDisjoint(what, displs, counts); err != nil {
+			return nil, err
+		}
+	}
+	return bs, nil
+}
+
+// checkDisjoint checks that no two non-empty blocks overlap.
+func checkDisjoint(what string, displs, counts []int) error {
+	order := make([]int, 0, len(counts))
+	for i, n := range counts {
+		if n > 0 {
+			order = append(order, i)
+		}
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(displs[a], displs[b]) })
+	for k := 1; k < len(order); k++ {
+		a, b := order[k-1], order[k]
+		if displs[a]+counts[a] > displs[b] {
+			return fmt.Errorf("comm: %s: the blocks of ranks %d and %d overlap", what, a, b)
+		}
+	}
+	return nil
 }
 
 // Gatherv collects the send buffers of all ranks into root's recv, rank
-// i's counts[i] bytes after those of the ranks before it. counts and recv
-// are used at root only; recv must hold the counts' sum.
-func (c *Comm) Gatherv(ctx context.Context, send, recv []byte, counts []int, root int) error {
+// i's counts[i] bytes at displs[i] (or after those of the ranks before it,
+// displs nil). counts, displs and recv are used at root only, where send
+// may be root's own block of recv.
+func (c *Comm) Gatherv(ctx context.Context, send, recv []byte, counts, displs []int, root int) error {
 	if err := c.checkRoot(root); err != nil {
 		return err
 	}
@@ -37,18 +75,18 @@ func (c *Comm) Gatherv(ctx context.Context, send, recv []byte, counts []int, roo
 	if c.rank != root {
 		return cc.Send(ctx, send, root, tag)
 	}
-	total, offs, err := c.checkCounts("gatherv", counts)
+	bs, err := c.blocks("gatherv", recv, counts, displs, true)
 	if err != nil {
 		return err
 	}
-	if len(recv) != total || len(send) != counts[c.rank] {
-		return fmt.Errorf("comm: gatherv of %d bytes into %d: the counts say %d and %d", len(send), len(recv), counts[c.rank], total)
+	if len(send) != counts[c.rank] {
+		return fmt.Errorf("comm: gatherv: root sends %d bytes, its count says %d", len(send), counts[c.rank])
 	}
-	copy(recv[offs[c.rank]:], send)
+	copy(bs[c.rank], send)
 	reqs := make([]*Request, 0, c.size-1)
-	for r := range c.size {
+	for r, b := range bs {
 		if r != c.rank {
-			q, err := cc.Irecv(recv[offs[r]:offs[r+1]], r, tag)
+			q, err := cc.Irecv(b, r, tag)
 			if err != nil {
 				return err
 			}
@@ -67,10 +105,11 @@ func (c *Comm) Gatherv(ctx context.Context, send, recv []byte, counts []int, roo
 	return nil
 }
 
-// Scatterv sends rank i counts[i] bytes of root's send, those after the
-// blocks of the ranks before it, into its recv, which must be as long.
-// send and counts are used at root only; send must hold the counts' sum.
-func (c *Comm) Scatterv(ctx context.Context, send []byte, counts []int, recv []byte, root int) error {
+// Scatterv sends rank i the counts[i] bytes of root's send at displs[i]
+// (or after the blocks of the ranks before it, displs nil) into its recv,
+// which must be as long. send, counts and displs are used at root only,
+// where the blocks may overlap.
+func (c *Comm) Scatterv(ctx context.Context, send []byte, counts, displs []int, recv []byte, root int) error {
 	if err := c.checkRoot(root); err != nil {
 		return err
 	}
@@ -78,49 +117,90 @@ func (c *Comm) Scatterv(ctx context.Context, send []byte, counts []int, recv []b
 	if c.rank != root {
 		return cc.recvAll(ctx, "scatterv", recv, root, tag)
 	}
-	total, offs, err := c.checkCounts("scatterv", counts)
+	bs, err := c.blocks("scatterv", send, counts, displs, false)
 	if err != nil {
 		return err
 	}
-	if len(send) != total || len(recv) != counts[c.rank] {
-		return fmt.Errorf("comm: scatterv of %d bytes into %d: the counts say %d and %d", len(send), len(recv), total, counts[c.rank])
+	return cc.scatterv(ctx, tag, bs, recv)
+}
+
+// scatterv is root's part of Scatterv, the blocks cut.
+func (cc *Comm) scatterv(ctx context.Context, tag int, bs [][]byte, recv []byte) error {
+	if len(recv) != len(bs[cc.rank]) {
+		return fmt.Errorf("comm: scatterv: root receives into %d bytes, its count says %d", len(recv), len(bs[cc.rank]))
 	}
-	reqs := make([]*Request, 0, c.size-1)
-	for r := range c.size {
-		if r != c.rank {
-			q, err := cc.Isend(send[offs[r]:offs[r+1]], r, tag)
+	reqs := make([]*Request, 0, cc.size-1)
+	for r, b := range bs {
+		if r != cc.rank {
+			q, err := cc.Isend(b, r, tag)
 			if err != nil {
 				return err
 			}
 			reqs = append(reqs, q)
 		}
 	}
-	copy(recv, send[offs[c.rank]:offs[c.rank+1]])
-	_, err = Waitall(ctx, reqs...)
+	copy(recv, bs[cc.rank])
+	_, err := Waitall(ctx, reqs...)
 	return err
 }
 
 // Allgatherv gives every rank the send buffers of all ranks, rank i's
-// counts[i] bytes after those of the ranks before it. Every rank passes
-// the same counts; recv must hold their sum, and send counts[Rank()]
-// bytes.
-func (c *Comm) Allgatherv(ctx context.Context, send, recv []byte, counts []int) error {
+// counts[i] bytes at displs[i] of recv (or after those of the ranks before
+// it, displs nil). Every rank passes the same counts and displs; send
+// holds counts[Rank()] bytes, and may be this rank's block of recv.
+func (c *Comm) Allgatherv(ctx context.Context, send, recv []byte, counts, displs []int) error {
 	cc, tag := c.collective()
-	total, offs, err := c.checkCounts("allgatherv", counts)
+	bs, err := c.blocks("allgatherv", recv, counts, displs, true)
 	if err != nil {
 		return err
 	}
-	if len(recv) != total || len(send) != counts[c.rank] {
-		return fmt.Errorf("comm: allgatherv of %d bytes into %d: the counts say %d and %d", len(send), len(recv), counts[c.rank], total)
+	if len(send) != counts[c.rank] {
+		return fmt.Errorf("comm: allgatherv: this rank sends %d bytes, its count says %d", len(send), counts[c.rank])
 	}
 	// A ring: in step k each rank passes on to the next the block it got
 	// in the step before (its own first), the block of rank-k.
 	n := c.size
-	copy(recv[offs[c.rank]:], send)
+	copy(bs[c.rank], send)
 	next, prev := (c.rank+1)%n, (c.rank-1+n)%n
 	for k := range n - 1 {
 		out, in := (c.rank-k+n)%n, (c.rank-k-1+n)%n
-		if err := cc.exchange(ctx, "allgatherv", tag, recv[offs[out]:offs[out+1]], next, recv[offs[in]:offs[in+1]], prev); err != nil {
+		if err := cc.exchange(ctx, "allgatherv", tag, bs[out], next, bs[in], prev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Alltoallv sends to each rank i the sendCounts[i] bytes of send at
+// sendDispls[i]; rank i's block for this one arrives in the
+// recvCounts[i] bytes of recv at recvDispls[i]. Nil displacements lay the
+// blocks one after another, filling the buffer. What rank j sends to rank
+// i must be as long as what i expects from j.
+func (c *Comm) Alltoallv(ctx context.Context, send []byte, sendCounts, sendDispls []int, recv []byte, recvCounts, recvDispls []int) error {
+	cc, tag := c.collective()
+	sb, err := c.blocks("alltoallv", send, sendCounts, sendDispls, false)
+	if err != nil {
+		return err
+	}
+	rb, err := c.blocks("alltoallv", recv, recvCounts, recvDispls, true)
+	if err != nil {
+		return err
+	}
+	return cc.alltoall(ctx, "alltoallv", tag, sb, rb)
+}
+
+// alltoall is Alltoall's and Alltoallv's pairwise exchange: in step k
+// each rank sends to the rank k above it and receives from the one k
+// below.
+func (cc *Comm) alltoall(ctx context.Context, what string, tag int, sb, rb [][]byte) error {
+	n, rank := cc.size, cc.rank
+	if len(sb[rank]) != len(rb[rank]) {
+		return fmt.Errorf("comm: %s: this rank sends itself %d bytes and expects %d", what, len(sb[rank]), len(rb[rank]))
+	}
+	copy(rb[rank], sb[rank])
+	for k := 1; k < n; k++ {
+		dst, src := (rank+k)%n, (rank-k+n)%n
+		if err := cc.exchange(ctx, what, tag, sb[dst], dst, rb[src], src); err != nil {
 			return err
 		}
 	}
