@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -75,4 +76,42 @@ func TestCancel(t *testing.T) {
 	if s.Cancel() || r.Cancel() || string(buf) != "12345678" {
 		t.Fatalf("Cancel of a completed send or receive: true, or %q received", buf)
 	}
+}
+
+// TestConcurrentCalls: goroutines of one rank make blocking calls on one
+// communicator at once, each in a tag of its own, so that one drives the
+// progress that completes another's requests, which the blocking calls
+// recycle. Rendezvous sends complete when the receiver's finish frame
+// comes, often while their Sendrecv still waits for its receive and then
+// finds the send done at once. Under -race this checks that completing a
+// request touches it no more once its waiter may have it back.
+func TestConcurrentCalls(t *testing.T) {
+	comms := world(t, 2, nil)
+	const goroutines, rounds, size = 4, 300, 20000
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		peer := 1 - c.Rank()
+		errs := make(chan error, goroutines)
+		for g := range goroutines {
+			go func() {
+				in := make([]byte, size)
+				for i := range rounds {
+					out := pattern(c.Rank()*1000+g*10+i%7, size)
+					if _, err := c.Sendrecv(ctx, out, peer, g, in, peer, g); err != nil {
+						errs <- err
+						return
+					}
+					if !bytes.Equal(in, pattern(peer*1000+g*10+i%7, size)) {
+						errs <- fmt.Errorf("goroutine %d, round %d: wrong bytes", g, i)
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		var all []error
+		for range goroutines {
+			all = append(all, <-errs)
+		}
+		return errors.Join(all...)
+	})
 }

@@ -90,9 +90,14 @@ func (c *Comm) checkRoot(root int) error { return c.checkPeer(root, "root") }
 // Barrier returns once every rank of c has called it.
 func (c *Comm) Barrier(ctx context.Context) error {
 	cc, tag := c.collective()
-	n := c.size
+	return cc.barrier(ctx, tag)
+}
+
+// barrier is Barrier on the collective communicator, in the call's tag.
+func (cc *Comm) barrier(ctx context.Context, tag int) error {
+	n := cc.size
 	for k := 1; k < n; k <<= 1 {
-		if err := cc.exchange(ctx, "barrier", tag, nil, (c.rank+k)%n, nil, (c.rank-k+n)%n); err != nil {
+		if err := cc.exchange(ctx, "barrier", tag, nil, (cc.rank+k)%n, nil, (cc.rank-k+n)%n); err != nil {
 			return err
 		}
 	}
@@ -106,12 +111,17 @@ func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
 		return err
 	}
 	cc, tag := c.collective()
-	n := c.size
-	vr := (c.rank - root + n) % n // rank relative to root
+	return cc.bcast(ctx, tag, buf, root)
+}
+
+// bcast is Bcast on the collective communicator, in the call's tag.
+func (cc *Comm) bcast(ctx context.Context, tag int, buf []byte, root int) error {
+	n := cc.size
+	vr := (cc.rank - root + n) % n // rank relative to root
 	mask := 1
 	for ; mask < n; mask <<= 1 {
 		if vr&mask != 0 {
-			if err := cc.recvAll(ctx, "bcast", buf, (c.rank-mask+n)%n, tag); err != nil {
+			if err := cc.recvAll(ctx, "bcast", buf, (cc.rank-mask+n)%n, tag); err != nil {
 				return err
 			}
 			break
@@ -128,7 +138,7 @@ func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
 	}()
 	for mask >>= 1; mask > 0; mask >>= 1 {
 		if vr+mask < n {
-			r, err := cc.isend(pooledRequest(c.e), buf, (c.rank+mask)%n, tag)
+			r, err := cc.isend(pooledRequest(cc.e), buf, (cc.rank+mask)%n, tag)
 			if err != nil {
 				return err
 			}
@@ -177,7 +187,12 @@ func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
 // Size()*len(send) bytes; send may be this rank's block of recv.
 func (c *Comm) Allgather(ctx context.Context, send, recv []byte) error {
 	cc, tag := c.collective()
-	n, m := c.size, len(send)
+	return cc.allgather(ctx, tag, send, recv)
+}
+
+// allgather is Allgather on the collective communicator, in the call's tag.
+func (cc *Comm) allgather(ctx context.Context, tag int, send, recv []byte) error {
+	n, m := cc.size, len(send)
 	if len(recv) != n*m {
 		return fmt.Errorf("comm: allgather into %d bytes: %d ranks of %d bytes need %d", len(recv), n, m, n*m)
 	}
@@ -187,11 +202,11 @@ func (c *Comm) Allgather(ctx context.Context, send, recv []byte) error {
 	copy(recv, send)
 	for k := 1; k < n; k <<= 1 {
 		cnt := min(k, n-k)
-		if err := cc.exchange(ctx, "allgather", tag, recv[:cnt*m], (c.rank-k+n)%n, recv[k*m:(k+cnt)*m], (c.rank+k)%n); err != nil {
+		if err := cc.exchange(ctx, "allgather", tag, recv[:cnt*m], (cc.rank-k+n)%n, recv[k*m:(k+cnt)*m], (cc.rank+k)%n); err != nil {
 			return err
 		}
 	}
-	rotateRight(recv, c.rank*m)
+	rotateRight(recv, cc.rank*m)
 	return nil
 }
 
@@ -210,16 +225,21 @@ func rotateRight(b []byte, s int) {
 // Size() blocks of equal length each.
 func (c *Comm) Alltoall(ctx context.Context, send, recv []byte) error {
 	cc, tag := c.collective()
-	n := c.size
+	return cc.alltoallBlocks(ctx, tag, send, recv)
+}
+
+// alltoallBlocks is Alltoall on the collective communicator, in the call's tag.
+func (cc *Comm) alltoallBlocks(ctx context.Context, tag int, send, recv []byte) error {
+	n := cc.size
 	if len(send) != len(recv) || len(send)%n != 0 {
 		return fmt.Errorf("comm: alltoall of %d bytes into %d: both must be %d equal blocks", len(send), len(recv), n)
 	}
-	counts := c.equalCounts(len(send) / n)
-	sb, err := c.blocks("alltoall", send, counts, nil, false)
+	counts := cc.equalCounts(len(send) / n)
+	sb, err := cc.blocks("alltoall", send, counts, nil, false)
 	if err != nil {
 		return err
 	}
-	rb, err := c.blocks("alltoall", recv, counts, nil, true)
+	rb, err := cc.blocks("alltoall", recv, counts, nil, true)
 	if err != nil {
 		return err
 	}

@@ -3,8 +3,8 @@
 // tags and wildcards, probes, communicators made by Dup and Split, the
 // collectives (Barrier, Bcast, Gather, Scatter, Allgather, Alltoall and
 // the vector forms Gatherv, Scatterv, Allgatherv and Alltoallv; Reduce,
-// Allreduce, ReduceScatter, ReduceScatterBlock, Scan and Exscan), and
-// Abort.
+// Allreduce, ReduceScatter, ReduceScatterBlock, Scan and Exscan), each
+// also non-blocking (Ibarrier, Iallreduce, …), and Abort.
 //
 // Messages between two ranks on the same communicator with the same tag
 // are received in the order they were sent (MPI's non-overtaking rule).
@@ -206,6 +206,7 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 		comms: map[uint32]*Comm{}, posted: map[uint32][]*Request{}, unexpected: map[uint32][]*inMsg{},
 		arrived: make(chan struct{}), sends: map[uint64]*Request{}, pulls: map[uint64]*Request{}, pushes: map[pushKey]*pushIn{},
 		backlog: map[int][]queued{}, token: make(chan struct{}, 1), spin: cfg.Spin, yield: cfg.Yield,
+		work: make(chan *job), finished: make(chan struct{}),
 		eagerMax: min(cfg.EagerLimit, sh.MaxEager()-hdrLen),
 	}
 	for i, m := range members {
@@ -328,6 +329,7 @@ func (c *Comm) Finalize(ctx context.Context) error {
 	if c.e.counted {
 		c.e.counted = false
 		engines.Add(-1)
+		close(c.e.finished)
 	}
 	c.e.mu.Unlock()
 	return errors.Join(err, c.boot.Close())

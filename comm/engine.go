@@ -50,6 +50,8 @@ type engine struct {
 	spin     time.Duration // how long a driver polls before it sleeps
 	yield    time.Duration // with spin < 0: how long it polls, yielding its CPU, before it sleeps
 	counted  bool          // in engines: from Init to Finalize
+	work     chan *job     // to an idle worker of the non-blocking collectives
+	finished chan struct{} // closed by Finalize: the workers end
 	fatal    func() error  // non-nil when the job is gone (abort, lost server)
 }
 

@@ -141,17 +141,17 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 		return err
 	}
 	cc, tag := c.collective()
-	if c.rank == root && send != nil && len(recv) != len(send) {
-		return fmt.Errorf("comm: reduce of %d elements into %d", len(send), len(recv))
-	}
-	if c.rank == root && send == nil {
-		send = recv
-	}
 	return reduce(ctx, cc, tag, send, recv, op, root)
 }
 
-// reduce is Reduce once its tag is taken and its vectors checked.
-func reduce[T Number](ctx context.Context, c *Comm, tag int, send, recv []T, op Op[T], root int) error {
+// reduce is Reduce on the collective communicator, in the call's tag.
+func reduce[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op Op[T], root int) error {
+	if cc.rank == root && send != nil && len(recv) != len(send) {
+		return fmt.Errorf("comm: reduce of %d elements into %d", len(send), len(recv))
+	}
+	if cc.rank == root && send == nil {
+		send = recv
+	}
 	// A binomial tree toward rank 0, whose subtrees are ranges of ranks:
 	// a rank's vector covers the ranks below its children's, so it comes
 	// first in op. Rank 0 then passes the result to root. acc is what
@@ -160,25 +160,25 @@ func reduce[T Number](ctx context.Context, c *Comm, tag int, send, recv []T, op 
 	acc := send
 	var tmp, sum []T
 	var tmpBuf, sumBuf *[]byte
-	for mask := 1; mask < c.size; mask <<= 1 {
-		if c.rank&mask != 0 {
-			if err := c.Send(ctx, asBytes(acc), c.rank-mask, tag); err != nil {
+	for mask := 1; mask < cc.size; mask <<= 1 {
+		if cc.rank&mask != 0 {
+			if err := cc.Send(ctx, asBytes(acc), cc.rank-mask, tag); err != nil {
 				return err
 			}
 			break
 		}
-		child := c.rank | mask
-		if child >= c.size {
+		child := cc.rank | mask
+		if child >= cc.size {
 			continue
 		}
 		if tmpBuf == nil {
 			tmp, tmpBuf = getScratch[T](len(send))
 			sum = recv
-			if c.rank != 0 || root != 0 {
+			if cc.rank != 0 || root != 0 {
 				sum, sumBuf = getScratch[T](len(send))
 			}
 		}
-		if err := c.recvAll(ctx, "reduce", asBytes(tmp), child, tag); err != nil {
+		if err := cc.recvAll(ctx, "reduce", asBytes(tmp), child, tag); err != nil {
 			return err
 		}
 		op(sum, acc, tmp)
@@ -187,13 +187,13 @@ func reduce[T Number](ctx context.Context, c *Comm, tag int, send, recv []T, op 
 	var err error
 	switch {
 	case root == 0:
-		if c.rank == 0 && tmpBuf == nil { // one rank: nothing combined
+		if cc.rank == 0 && tmpBuf == nil { // one rank: nothing combined
 			copy(recv, send)
 		}
-	case c.rank == 0:
-		err = c.Send(ctx, asBytes(acc), root, tag)
-	case c.rank == root:
-		err = c.recvAll(ctx, "reduce", asBytes(recv), 0, tag)
+	case cc.rank == 0:
+		err = cc.Send(ctx, asBytes(acc), root, tag)
+	case cc.rank == root:
+		err = cc.recvAll(ctx, "reduce", asBytes(recv), 0, tag)
 	}
 	if err == nil {
 		putScratch(tmpBuf)
@@ -211,12 +211,17 @@ func reduce[T Number](ctx context.Context, c *Comm, tag int, send, recv []T, op 
 // from there, which any op allows.
 func ReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, counts []int, op Op[T]) error {
 	cc, tag := c.collective()
+	return reduceScatter(ctx, cc, tag, send, recv, counts, op)
+}
+
+// reduceScatter is ReduceScatter on the collective communicator, in the call's tag.
+func reduceScatter[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, counts []int, op Op[T]) error {
 	in := send
 	if in == nil {
 		in = recv
 	}
-	if len(counts) != c.size {
-		return fmt.Errorf("comm: reduce_scatter: %d counts for %d ranks", len(counts), c.size)
+	if len(counts) != cc.size {
+		return fmt.Errorf("comm: reduce_scatter: %d counts for %d ranks", len(counts), cc.size)
 	}
 	var z T
 	size := int(unsafe.Sizeof(z))
@@ -232,28 +237,28 @@ func ReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, count
 	switch {
 	case len(in) != total:
 		return fmt.Errorf("comm: reduce_scatter of %d elements: the counts say %d", len(in), total)
-	case send != nil && len(recv) != counts[c.rank]:
-		return fmt.Errorf("comm: reduce_scatter into %d elements: this rank's count says %d", len(recv), counts[c.rank])
+	case send != nil && len(recv) != counts[cc.rank]:
+		return fmt.Errorf("comm: reduce_scatter into %d elements: this rank's count says %d", len(recv), counts[cc.rank])
 	}
 	// Rank 0 reduces the whole vector and scatters its blocks.
 	var whole []T
 	var wholeBuf *[]byte
 	var bs [][]byte
-	if c.rank == 0 {
+	if cc.rank == 0 {
 		whole, wholeBuf = getScratch[T](total)
 		var err error
-		if bs, err = c.blocks("reduce_scatter", asBytes(whole), byteCounts, nil, false); err != nil {
+		if bs, err = cc.blocks("reduce_scatter", asBytes(whole), byteCounts, nil, false); err != nil {
 			return err
 		}
 	}
 	if err := reduce(ctx, cc, tag, in, whole, op, 0); err != nil {
 		return err
 	}
-	out := asBytes(recv[:counts[c.rank]])
-	if c.rank != 0 {
+	out := asBytes(recv[:counts[cc.rank]])
+	if cc.rank != 0 {
 		return cc.recvAll(ctx, "reduce_scatter", out, 0, tag)
 	}
-	if err := cc.scatterv(ctx, tag, bs, out); err != nil {
+	if err := cc.scatterBlocks(ctx, tag, bs, out); err != nil {
 		return err
 	}
 	putScratch(wholeBuf)
@@ -265,11 +270,16 @@ func ReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, count
 // (send nil), recv holds the Size() blocks and gets the rank's block at
 // its start.
 func ReduceScatterBlock[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
-	m := len(recv)
+	return ReduceScatter(ctx, c, send, recv, c.equalCounts(blockLen(c, send, recv)), op)
+}
+
+// blockLen is the length of ReduceScatterBlock's blocks: recv's, or in
+// place a Size()th of it.
+func blockLen[T Number](c *Comm, send, recv []T) int {
 	if send == nil {
-		m = len(recv) / c.size
+		return len(recv) / c.size
 	}
-	return ReduceScatter(ctx, c, send, recv, c.equalCounts(m), op)
+	return len(recv)
 }
 
 // Allreduce combines the send vectors of all the ranks of c with op, in
@@ -277,11 +287,16 @@ func ReduceScatterBlock[T Number](ctx context.Context, c *Comm, send, recv []T, 
 // the rank's own vector (MPI_IN_PLACE).
 func Allreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
 	cc, tag := c.collective()
+	return allreduce(ctx, cc, tag, send, recv, op)
+}
+
+// allreduce is Allreduce on the collective communicator, in the call's tag.
+func allreduce[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op Op[T]) error {
 	send, err := input("allreduce", send, recv)
 	if err != nil {
 		return err
 	}
-	n, rank := c.size, c.rank
+	n, rank := cc.size, cc.rank
 	tmp, tmpBuf := getScratch[T](len(recv))
 	// in is what this rank has: send, then the combinations, in recv.
 	in := send
@@ -349,11 +364,16 @@ func Allreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T])
 // then holds the rank's own vector.
 func Scan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
 	cc, tag := c.collective()
+	return scan(ctx, cc, tag, send, recv, op)
+}
+
+// scan is Scan on the collective communicator, in the call's tag.
+func scan[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op Op[T]) error {
 	send, err := input("scan", send, recv)
 	if err != nil {
 		return err
 	}
-	return scan(ctx, cc, tag, send, recv, op)
+	return inclusiveScan(ctx, cc, tag, send, recv, op)
 }
 
 // Exscan gives every rank but 0 the combination with op, in rank order,
@@ -362,6 +382,11 @@ func Scan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) erro
 // vector.
 func Exscan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
 	cc, tag := c.collective()
+	return exscan(ctx, cc, tag, send, recv, op)
+}
+
+// exscan is Exscan on the collective communicator, in the call's tag.
+func exscan[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op Op[T]) error {
 	send, err := input("exscan", send, recv)
 	if err != nil {
 		return err
@@ -369,25 +394,25 @@ func Exscan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) er
 	// The inclusive scan, then each rank's goes to the next: in the same
 	// tag as the scan's first round, between the same ranks, after it.
 	incl, inclBuf := getScratch[T](len(send))
-	if err := scan(ctx, cc, tag, send, incl, op); err != nil {
+	if err := inclusiveScan(ctx, cc, tag, send, incl, op); err != nil {
 		return err
 	}
-	dst := c.rank + 1
-	if dst == c.size {
+	dst := cc.rank + 1
+	if dst == cc.size {
 		dst = -1 // none
 	}
-	err = cc.exchange(ctx, "exscan", tag, asBytes(incl), dst, asBytes(recv), c.rank-1)
+	err = cc.exchange(ctx, "exscan", tag, asBytes(incl), dst, asBytes(recv), cc.rank-1)
 	if err == nil {
 		putScratch(inclBuf)
 	}
 	return err
 }
 
-// scan puts into out the combination of the vectors of ranks 0 to this
+// inclusiveScan puts into out the combination of the vectors of ranks 0 to this
 // one, by recursive doubling: after the round of mask, out holds the
 // ranks from this one's less 2*mask-1 (or 0) to this one's, and goes to
 // the rank mask above while the one mask below sends its own.
-func scan[T Number](ctx context.Context, cc *Comm, tag int, send, out []T, op Op[T]) error {
+func inclusiveScan[T Number](ctx context.Context, cc *Comm, tag int, send, out []T, op Op[T]) error {
 	copy(out, send)
 	tmp, tmpBuf := getScratch[T](len(out))
 	n, rank := cc.size, cc.rank

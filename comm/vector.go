@@ -72,20 +72,25 @@ func (c *Comm) Gatherv(ctx context.Context, send, recv []byte, counts, displs []
 		return err
 	}
 	cc, tag := c.collective()
-	if c.rank != root {
+	return cc.gatherv(ctx, tag, send, recv, counts, displs, root)
+}
+
+// gatherv is Gatherv on the collective communicator, in the call's tag.
+func (cc *Comm) gatherv(ctx context.Context, tag int, send, recv []byte, counts, displs []int, root int) error {
+	if cc.rank != root {
 		return cc.Send(ctx, send, root, tag)
 	}
-	bs, err := c.blocks("gatherv", recv, counts, displs, true)
+	bs, err := cc.blocks("gatherv", recv, counts, displs, true)
 	if err != nil {
 		return err
 	}
-	if len(send) != counts[c.rank] {
-		return fmt.Errorf("comm: gatherv: root sends %d bytes, its count says %d", len(send), counts[c.rank])
+	if len(send) != counts[cc.rank] {
+		return fmt.Errorf("comm: gatherv: root sends %d bytes, its count says %d", len(send), counts[cc.rank])
 	}
-	copy(bs[c.rank], send)
-	reqs := make([]*Request, 0, c.size-1)
+	copy(bs[cc.rank], send)
+	reqs := make([]*Request, 0, cc.size-1)
 	for r, b := range bs {
-		if r != c.rank {
+		if r != cc.rank {
 			q, err := cc.Irecv(b, r, tag)
 			if err != nil {
 				return err
@@ -114,18 +119,23 @@ func (c *Comm) Scatterv(ctx context.Context, send []byte, counts, displs []int, 
 		return err
 	}
 	cc, tag := c.collective()
-	if c.rank != root {
+	return cc.scatterv(ctx, tag, send, counts, displs, recv, root)
+}
+
+// scatterv is Scatterv on the collective communicator, in the call's tag.
+func (cc *Comm) scatterv(ctx context.Context, tag int, send []byte, counts, displs []int, recv []byte, root int) error {
+	if cc.rank != root {
 		return cc.recvAll(ctx, "scatterv", recv, root, tag)
 	}
-	bs, err := c.blocks("scatterv", send, counts, displs, false)
+	bs, err := cc.blocks("scatterv", send, counts, displs, false)
 	if err != nil {
 		return err
 	}
-	return cc.scatterv(ctx, tag, bs, recv)
+	return cc.scatterBlocks(ctx, tag, bs, recv)
 }
 
-// scatterv is root's part of Scatterv, the blocks cut.
-func (cc *Comm) scatterv(ctx context.Context, tag int, bs [][]byte, recv []byte) error {
+// scatterBlocks is root's part of Scatterv, the blocks cut.
+func (cc *Comm) scatterBlocks(ctx context.Context, tag int, bs [][]byte, recv []byte) error {
 	if len(recv) != len(bs[cc.rank]) {
 		return fmt.Errorf("comm: scatterv: root receives into %d bytes, its count says %d", len(recv), len(bs[cc.rank]))
 	}
@@ -150,20 +160,25 @@ func (cc *Comm) scatterv(ctx context.Context, tag int, bs [][]byte, recv []byte)
 // holds counts[Rank()] bytes, and may be this rank's block of recv.
 func (c *Comm) Allgatherv(ctx context.Context, send, recv []byte, counts, displs []int) error {
 	cc, tag := c.collective()
-	bs, err := c.blocks("allgatherv", recv, counts, displs, true)
+	return cc.allgatherv(ctx, tag, send, recv, counts, displs)
+}
+
+// allgatherv is Allgatherv on the collective communicator, in the call's tag.
+func (cc *Comm) allgatherv(ctx context.Context, tag int, send, recv []byte, counts, displs []int) error {
+	bs, err := cc.blocks("allgatherv", recv, counts, displs, true)
 	if err != nil {
 		return err
 	}
-	if len(send) != counts[c.rank] {
-		return fmt.Errorf("comm: allgatherv: this rank sends %d bytes, its count says %d", len(send), counts[c.rank])
+	if len(send) != counts[cc.rank] {
+		return fmt.Errorf("comm: allgatherv: this rank sends %d bytes, its count says %d", len(send), counts[cc.rank])
 	}
 	// A ring: in step k each rank passes on to the next the block it got
 	// in the step before (its own first), the block of rank-k.
-	n := c.size
-	copy(bs[c.rank], send)
-	next, prev := (c.rank+1)%n, (c.rank-1+n)%n
+	n := cc.size
+	copy(bs[cc.rank], send)
+	next, prev := (cc.rank+1)%n, (cc.rank-1+n)%n
 	for k := range n - 1 {
-		out, in := (c.rank-k+n)%n, (c.rank-k-1+n)%n
+		out, in := (cc.rank-k+n)%n, (cc.rank-k-1+n)%n
 		if err := cc.exchange(ctx, "allgatherv", tag, bs[out], next, bs[in], prev); err != nil {
 			return err
 		}
@@ -178,11 +193,16 @@ func (c *Comm) Allgatherv(ctx context.Context, send, recv []byte, counts, displs
 // i must be as long as what i expects from j.
 func (c *Comm) Alltoallv(ctx context.Context, send []byte, sendCounts, sendDispls []int, recv []byte, recvCounts, recvDispls []int) error {
 	cc, tag := c.collective()
-	sb, err := c.blocks("alltoallv", send, sendCounts, sendDispls, false)
+	return cc.alltoallv(ctx, tag, send, sendCounts, sendDispls, recv, recvCounts, recvDispls)
+}
+
+// alltoallv is Alltoallv on the collective communicator, in the call's tag.
+func (cc *Comm) alltoallv(ctx context.Context, tag int, send []byte, sendCounts, sendDispls []int, recv []byte, recvCounts, recvDispls []int) error {
+	sb, err := cc.blocks("alltoallv", send, sendCounts, sendDispls, false)
 	if err != nil {
 		return err
 	}
-	rb, err := c.blocks("alltoallv", recv, recvCounts, recvDispls, true)
+	rb, err := cc.blocks("alltoallv", recv, recvCounts, recvDispls, true)
 	if err != nil {
 		return err
 	}

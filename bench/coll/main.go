@@ -5,10 +5,19 @@
 //	xrcrun -n 4 ./bench/coll -test allreduce   # sums of float64s, 8 B to 1 MiB
 //	xrcrun -n 4 ./bench/coll -test bcast       # from rank 0, 1 B to 1 MiB
 //	xrcrun -n 4 ./bench/coll -test barrier
+//	xrcrun -n 4 ./bench/coll -test iallreduce  # overlap, as osu_iallreduce
 //
 // For each size every rank makes warm-up calls, passes a barrier, and
 // times the calls that follow; the table gives the average over the ranks
 // of their time per call, and the least and the most of a rank, in µs.
+//
+// iallreduce times comm.Iallreduce and its Wait (pure), then the same
+// with the rank computing (spinning) for the longest rank's pure time
+// between the two: the table gives the averages over the ranks of the
+// overall time, the time computed and the pure time, and the share of
+// the communication hidden behind the computation, as OSU's overlap:
+// 100 − 100·(overall − compute)/pure, within 0 to 100.
+//
 // bench/ompi/coll.c measures an MPI library the same way.
 package main
 
@@ -45,7 +54,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("coll", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg config
-	fs.StringVar(&cfg.test, "test", "allreduce", "the test: allreduce, bcast or barrier")
+	fs.StringVar(&cfg.test, "test", "allreduce", "the test: allreduce, bcast, barrier or iallreduce")
 	fs.IntVar(&cfg.max, "max", 1<<20, "the largest size in bytes")
 	fs.IntVar(&cfg.iters, "i", 1000, "timed calls up to 8 KiB")
 	fs.IntVar(&cfg.warmup, "x", 200, "warm-up calls up to 8 KiB")
@@ -58,14 +67,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	switch cfg.test {
-	case "allreduce":
+	case "allreduce", "iallreduce":
 		cfg.min = 8
 	case "bcast":
 		cfg.min = 1
 	case "barrier":
 		cfg.min, cfg.max = 0, 0
 	default:
-		return fmt.Errorf("-test %q: allreduce, bcast or barrier", cfg.test)
+		return fmt.Errorf("-test %q: allreduce, bcast, barrier or iallreduce", cfg.test)
 	}
 	if cfg.max < cfg.min || cfg.iters <= 0 || cfg.itersLarge <= 0 || cfg.warmup < 0 || cfg.warmLrg < 0 {
 		return errors.New("sizes or iterations out of range")
@@ -75,14 +84,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if w.Rank() == 0 {
-		fmt.Fprintf(stdout, "# xrc %s, %d ranks\n# %-10s %12s %12s %12s %10s\n", cfg.test, w.Size(), "Size", "Avg(us)", "Min(us)", "Max(us)", "Iterations")
+		fmt.Fprintf(stdout, "# xrc %s, %d ranks\n", cfg.test, w.Size())
+		if cfg.test == "iallreduce" {
+			fmt.Fprintf(stdout, "# %-10s %12s %12s %14s %10s\n", "Size", "Overall(us)", "Compute(us)", "Pure Comm.(us)", "Overlap(%)")
+		} else {
+			fmt.Fprintf(stdout, "# %-10s %12s %12s %12s %10s\n", "Size", "Avg(us)", "Min(us)", "Max(us)", "Iterations")
+		}
 	}
 	for size := cfg.min; ; size *= 2 {
 		iters, warm := cfg.iters, cfg.warmup
 		if size > large {
 			iters, warm = cfg.itersLarge, cfg.warmLrg
 		}
-		avg, lo, hi, err := measure(ctx, w, cfg.test, size, iters, warm)
+		var row string
+		var err error
+		if cfg.test == "iallreduce" {
+			row, err = overlap(ctx, w, size, iters, warm)
+		} else {
+			var avg, lo, hi float64
+			avg, lo, hi, err = measure(ctx, w, cfg.test, size, iters, warm)
+			label := fmt.Sprint(size)
+			if cfg.test == "barrier" {
+				label = "-"
+			}
+			row = fmt.Sprintf("  %-10s %12.2f %12.2f %12.2f %10d\n", label, avg, lo, hi, iters)
+		}
 		if err != nil {
 			// The others wait for this rank: end the job rather than
 			// hang it.
@@ -90,11 +116,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			w.Abort(ctx, 1, err.Error())
 		}
 		if w.Rank() == 0 {
-			label := fmt.Sprint(size)
-			if cfg.test == "barrier" {
-				label = "-"
-			}
-			fmt.Fprintf(stdout, "  %-10s %12.2f %12.2f %12.2f %10d\n", label, avg, lo, hi, iters)
+			fmt.Fprint(stdout, row)
 		}
 		if size == 0 || size*2 > cfg.max {
 			break
@@ -150,4 +172,69 @@ func measure(ctx context.Context, w *comm.Comm, test string, size, iters, warm i
 		comm.Reduce(ctx, w, t, least, comm.Min, 0),
 		comm.Reduce(ctx, w, t, most, comm.Max, 0))
 	return sum[0] / float64(w.Size()), least[0], most[0], err
+}
+
+// overlap measures Iallreduce of size bytes as osu_iallreduce does and
+// returns the table's row (at rank 0; the others get the same).
+func overlap(ctx context.Context, w *comm.Comm, size, iters, warm int) (string, error) {
+	vec := make([]float64, size/8)
+	out := make([]float64, size/8)
+	for i := range vec {
+		vec[i] = float64(w.Rank() + i)
+	}
+	// timed runs iters calls, computing for spin between the start and
+	// the wait, and returns the time per call and the time computed per
+	// call, in µs.
+	timed := func(iters int, spin time.Duration) (total, computed float64, err error) {
+		if err := w.Barrier(ctx); err != nil {
+			return 0, 0, err
+		}
+		var busy time.Duration
+		start := time.Now()
+		for range iters {
+			r := comm.Iallreduce(ctx, w, vec, out, comm.Sum)
+			if spin > 0 {
+				s := time.Now()
+				for time.Since(s) < spin {
+				}
+				busy += time.Since(s)
+			}
+			if _, err := r.Wait(ctx); err != nil {
+				return 0, 0, err
+			}
+		}
+		per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(iters) }
+		return per(time.Since(start)), per(busy), nil
+	}
+	if _, _, err := timed(warm, 0); err != nil {
+		return "", err
+	}
+	pure, _, err := timed(iters, 0)
+	if err != nil {
+		return "", err
+	}
+	// Every rank computes for the longest pure time.
+	longest := []float64{0}
+	if err := comm.Allreduce(ctx, w, []float64{pure}, longest, comm.Max); err != nil {
+		return "", err
+	}
+	overall, computed, err := timed(iters, time.Duration(longest[0]*1e3))
+	if err != nil {
+		return "", err
+	}
+	if len(out) > 0 {
+		n := float64(w.Size())
+		if want := n*float64(len(out)-1) + n*(n-1)/2; out[len(out)-1] != want {
+			return "", fmt.Errorf("iallreduce of %d bytes: %v, want %v", size, out[len(out)-1], want)
+		}
+	}
+	mine := []float64{overall, computed, pure}
+	sums := make([]float64, 3)
+	if err := comm.Allreduce(ctx, w, mine, sums, comm.Sum); err != nil {
+		return "", err
+	}
+	n := float64(w.Size())
+	overall, computed, pure = sums[0]/n, sums[1]/n, sums[2]/n
+	hidden := min(max(100-100*(overall-computed)/pure, 0), 100)
+	return fmt.Sprintf("  %-10d %12.2f %12.2f %14.2f %10.2f\n", size, overall, computed, pure, hidden), nil
 }

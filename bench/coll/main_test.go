@@ -19,6 +19,7 @@ func TestRun(t *testing.T) {
 		{"allreduce", []string{"8", "16", "32", "64"}},
 		{"bcast", []string{"1", "2", "4", "8", "16", "32", "64"}},
 		{"barrier", []string{"-"}},
+		{"iallreduce", []string{"8", "16", "32", "64"}},
 	} {
 		var out, errb bytes.Buffer
 		if err := run(context.Background(), []string{"-test", c.test, "-max", "64", "-i", "5", "-x", "1"}, &out, &errb); err != nil {
@@ -30,6 +31,12 @@ func TestRun(t *testing.T) {
 		}
 		for i, want := range c.sizes {
 			f := strings.Fields(lines[2+i])
+			if c.test == "iallreduce" { // size, overall, compute, pure, overlap
+				if len(f) != 5 || f[0] != want {
+					t.Errorf("%s: row %q, want size %s", c.test, lines[2+i], want)
+				}
+				continue
+			}
 			if len(f) != 5 || f[0] != want || f[4] != "5" {
 				t.Errorf("%s: row %q, want size %s and 5 iterations", c.test, lines[2+i], want)
 			}

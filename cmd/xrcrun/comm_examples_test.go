@@ -13,7 +13,8 @@ import (
 // a token around a ring, every rank sending checksummed messages of 0
 // bytes to 1 MiB (eager and rendezvous) to every other, π by the
 // collectives, on one node and on two emulated nodes over XRC, and
-// bench/coll's Allreduce, which checks its sums, up to 64 KiB.
+// bench/coll's Allreduce and, over XRC, Iallreduce, which check their
+// sums, up to 64 KiB.
 func TestLaunchCommExamples(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -25,6 +26,7 @@ func TestLaunchCommExamples(t *testing.T) {
 		{[]string{"-n", "3", "./examples/pi", "-n", "1000000"}, "pi is approximately 3.14159265358"},
 		{[]string{"-n", "5", "--nodes", "2", "--transport", "xrc", "./examples/pi", "-n", "1000000"}, "1000000 intervals over 5 ranks"},
 		{[]string{"-n", "3", "./bench/coll", "-test", "allreduce", "-max", "65536", "-i", "20", "-x", "2", "-il", "2", "-xl", "1"}, "  65536 "},
+		{[]string{"-n", "3", "--nodes", "2", "--transport", "xrc", "./bench/coll", "-test", "iallreduce", "-max", "65536", "-i", "20", "-x", "2", "-il", "2", "-xl", "1"}, "  65536 "},
 	} {
 		j := startJob(t, "../..", nil, c.args...)
 		if st := j.wait(3 * time.Minute); st != 0 {

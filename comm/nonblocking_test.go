@@ -1,0 +1,209 @@
+package comm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestNonblockingCollectives starts collectives of every kind on 5 ranks
+// of every layout without waiting, with a blocking one and point-to-point
+// messages among them, then waits for them in an order that differs
+// between ranks, and checks every result.
+func TestNonblockingCollectives(t *testing.T) {
+	onLayouts(t, func(t *testing.T, l layout) {
+		comms := worldOn(t, 5, l)
+		n := len(comms)
+		const size = 20000 // rendezvous
+		each(t, comms, func(ctx context.Context, c *Comm) error {
+			me := c.Rank()
+			var reqs []*Request
+			checks := map[int]func() error{} // by index in reqs
+			add := func(r *Request, check func() error) {
+				checks[len(reqs)] = check
+				reqs = append(reqs, r)
+			}
+
+			bc := make([]byte, size)
+			if me == 2 {
+				copy(bc, pattern(2, size))
+			}
+			add(c.Ibcast(ctx, bc, 2), func() error {
+				if !bytes.Equal(bc, pattern(2, size)) {
+					return errors.New("ibcast: wrong bytes")
+				}
+				return nil
+			})
+
+			send := make([]int64, size/8)
+			for i := range send {
+				send[i] = int64(i + 1000*me)
+			}
+			sum := make([]int64, len(send))
+			add(Iallreduce(ctx, c, send, sum, Sum), func() error {
+				for i, v := range sum {
+					if want := int64(n*i + 1000*n*(n-1)/2); v != want {
+						return fmt.Errorf("iallreduce: element %d is %d, want %d", i, v, want)
+					}
+				}
+				return nil
+			})
+
+			if err := c.Barrier(ctx); err != nil {
+				return err
+			}
+
+			block := func(from, to int) []byte { return pattern(from*10+to, (from+to)%3*size/2) }
+			var a2aSend, a2aWant []byte
+			sc, rc := make([]int, n), make([]int, n)
+			for r := range n {
+				a2aSend = append(a2aSend, block(me, r)...)
+				a2aWant = append(a2aWant, block(r, me)...)
+				sc[r], rc[r] = len(block(me, r)), len(block(r, me))
+			}
+			a2aRecv := make([]byte, len(a2aWant))
+			add(c.Ialltoallv(ctx, a2aSend, sc, nil, a2aRecv, rc, nil), func() error {
+				if !bytes.Equal(a2aRecv, a2aWant) {
+					return errors.New("ialltoallv: wrong bytes")
+				}
+				return nil
+			})
+
+			// A point-to-point exchange around the ring, between the
+			// collectives, in the user's context.
+			ring := make([]byte, 100)
+			if _, err := c.Sendrecv(ctx, pattern(me, 100), (me+1)%n, 3, ring, (me-1+n)%n, 3); err != nil {
+				return err
+			}
+			if !bytes.Equal(ring, pattern((me-1+n)%n, 100)) {
+				return errors.New("sendrecv among the collectives: wrong bytes")
+			}
+
+			var gathered []byte
+			if me == 0 {
+				gathered = make([]byte, n*size)
+			}
+			add(c.Igather(ctx, pattern(me, size), gathered, 0), func() error {
+				for r := range n {
+					if me == 0 && !bytes.Equal(gathered[r*size:(r+1)*size], pattern(r, size)) {
+						return fmt.Errorf("igather: block %d wrong", r)
+					}
+				}
+				return nil
+			})
+
+			scan := make([]int64, 3)
+			add(Iexscan(ctx, c, []int64{int64(me), 1, 2}, scan, Sum), func() error {
+				if want := []int64{int64(me * (me - 1) / 2), int64(me), int64(2 * me)}; me > 0 && !slices.Equal(scan, want) {
+					return fmt.Errorf("iexscan: %v, want %v", scan, want)
+				}
+				return nil
+			})
+
+			add(c.Ibarrier(ctx), func() error { return nil })
+
+			// Even ranks wait for all at once, odd ones one by one, the
+			// last first.
+			if me%2 == 0 {
+				if _, err := Waitall(ctx, reqs...); err != nil {
+					return err
+				}
+			} else {
+				for i := len(reqs) - 1; i >= 0; i-- {
+					if _, err := reqs[i].Wait(ctx); err != nil {
+						return fmt.Errorf("request %d: %w", i, err)
+					}
+				}
+			}
+			for i := range reqs {
+				if err := checks[i](); err != nil {
+					return err
+				}
+				if reqs[i].Cancel() {
+					return errors.New("a collective's request was canceled")
+				}
+			}
+			return nil
+		})
+	})
+}
+
+// TestNonblockingProgress: a rank's Iallreduce returns before the others
+// have started theirs; the rank then does nothing with comm, and still
+// the others' blocking Allreduce finishes, which needs this rank to pull
+// their vectors and take the result: the collective's goroutine
+// progresses on its own.
+func TestNonblockingProgress(t *testing.T) {
+	comms := world(t, 3, nil)
+	started := make(chan struct{})
+	othersDone := make(chan struct{}, 2)
+	const elems = 5000
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		send := make([]int64, elems)
+		for i := range send {
+			send[i] = int64(c.Rank() + 1)
+		}
+		recv := make([]int64, elems)
+		if c.Rank() != 0 {
+			select {
+			case <-started:
+			case <-ctx.Done():
+				return fmt.Errorf("rank 0's Iallreduce did not return: %w", ctx.Err())
+			}
+			if err := Allreduce(ctx, c, send, recv, Sum); err != nil {
+				return err
+			}
+			othersDone <- struct{}{}
+		} else {
+			r := Iallreduce(ctx, c, send, recv, Sum)
+			close(started)
+			for range 2 {
+				select {
+				case <-othersDone:
+				case <-ctx.Done():
+					return fmt.Errorf("the others' Allreduce did not finish while this rank computed: %w", ctx.Err())
+				}
+			}
+			// Test, not Wait: it progresses once and reports.
+			for {
+				done, _, err := r.Test()
+				if err != nil {
+					return err
+				}
+				if done {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if recv[0] != 6 || recv[elems-1] != 6 {
+			return fmt.Errorf("sum %d … %d, want 6", recv[0], recv[elems-1])
+		}
+		return nil
+	})
+}
+
+// TestNonblockingErrors: a root out of range completes the request at
+// once with an error; a context that ends completes it with the
+// context's error.
+func TestNonblockingErrors(t *testing.T) {
+	comms := world(t, 2, nil)
+	c := comms[0]
+	r := c.Ibcast(context.Background(), nil, 2)
+	if done, _, err := r.Test(); !done || err == nil {
+		t.Fatalf("ibcast from rank 2 of 2: done %v, %v", done, err)
+	}
+	if r := Ireduce(context.Background(), c, []int8{1}, nil, Sum, -1); r.isDone() == false {
+		t.Fatal("ireduce to root -1 did not fail at once")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	// Rank 1 never joins.
+	if _, err := c.Ibarrier(ctx).Wait(context.Background()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ibarrier whose context ends: %v", err)
+	}
+}
