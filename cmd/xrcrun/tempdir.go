@@ -2,42 +2,123 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // tempDirs are the temporary directories this process made and has not
 // removed yet. Deferred removals do not run when a second signal ends the
 // launcher at once (os.Exit), so main removes what is left first.
+//
+// A process killed outright (SIGKILL, or an agent whose launcher was)
+// removes nothing. So each directory holds a lock file, locked (flock) by
+// its maker for as long as it lives, and the kernel drops the lock when
+// the maker dies, however: the next makeTempDir of any xrcrun of this user
+// removes the directories whose lock is free (sweepTempDirs).
 var tempDirs struct {
 	sync.Mutex
-	m      map[string]bool
-	closed bool // removeTempDirs ran: the process is exiting
+	m      map[string]*os.File // directory: its lock file
+	closed bool                // removeTempDirs ran: the process is exiting
+	swept  bool
 }
 
-// makeTempDir makes a temporary directory, as os.MkdirTemp("", pattern),
-// and returns it with the func that removes it.
+// tempPrefix starts the name of every temporary directory of xrcrun.
+const tempPrefix = "xrcrun-"
+
+// lockName is the lock file of a temporary directory; it gets that name
+// only once locked, so that a sweep never finds it unlocked while its
+// maker lives.
+const lockName = ".xrcrun-lock"
+
+// makeTempDir makes a temporary directory, as os.MkdirTemp("", pattern)
+// with pattern starting with tempPrefix, and returns it with the func
+// that removes it.
 func makeTempDir(pattern string) (string, func(), error) {
+	tempDirs.Lock()
+	if !tempDirs.swept {
+		tempDirs.swept = true
+		sweepTempDirs(os.TempDir(), nil)
+	}
+	tempDirs.Unlock()
 	dir, err := os.MkdirTemp("", pattern)
 	if err != nil {
+		return "", nil, err
+	}
+	lock, err := lockDir(dir)
+	if err != nil {
+		os.RemoveAll(dir)
 		return "", nil, err
 	}
 	tempDirs.Lock()
 	defer tempDirs.Unlock()
 	if tempDirs.closed {
 		os.RemoveAll(dir)
+		lock.Close()
 		return "", nil, errors.New("xrcrun is exiting")
 	}
 	if tempDirs.m == nil {
-		tempDirs.m = map[string]bool{}
+		tempDirs.m = map[string]*os.File{}
 	}
-	tempDirs.m[dir] = true
+	tempDirs.m[dir] = lock
 	return dir, func() {
 		tempDirs.Lock()
 		delete(tempDirs.m, dir)
 		tempDirs.Unlock()
 		os.RemoveAll(dir)
+		lock.Close()
 	}, nil
+}
+
+// lockDir makes dir's lock file, locked, and returns it open: the lock
+// lasts until it is closed or this process ends. (Go opens files
+// close-on-exec, so the ranks do not inherit it.)
+func lockDir(dir string) (*os.File, error) {
+	tmp := filepath.Join(dir, lockName+".new")
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, lockName)); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// sweepTempDirs removes the directories of xrcrun in root whose maker has
+// died: those of this user whose lock file nobody holds. Directories
+// without a lock file (being made, or made by an older xrcrun) stay. It
+// calls removed, if not nil, with each directory it removes.
+func sweepTempDirs(root string, removed func(dir string)) {
+	dirs, _ := filepath.Glob(filepath.Join(root, tempPrefix+"*"))
+	uid := os.Getuid()
+	for _, dir := range dirs {
+		var st unix.Stat_t
+		if unix.Lstat(dir, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != uid {
+			continue
+		}
+		f, err := os.Open(filepath.Join(dir, lockName))
+		if err != nil {
+			continue
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+			// Its maker is gone; the lock, held while removing, keeps
+			// another sweep from racing this one.
+			os.RemoveAll(dir)
+			if removed != nil {
+				removed(dir)
+			}
+		}
+		f.Close()
+	}
 }
 
 // removeTempDirs removes the temporary directories left, before an exit
@@ -46,8 +127,9 @@ func removeTempDirs() {
 	tempDirs.Lock()
 	defer tempDirs.Unlock()
 	tempDirs.closed = true
-	for dir := range tempDirs.m {
+	for dir, lock := range tempDirs.m {
 		os.RemoveAll(dir)
+		lock.Close()
 		delete(tempDirs.m, dir)
 	}
 }
