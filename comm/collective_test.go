@@ -635,3 +635,19 @@ func BenchmarkBarrier(b *testing.B) {
 		})
 	}
 }
+
+// TestBytes: Bytes is a view of the vector's memory, not a copy.
+func TestBytes(t *testing.T) {
+	v := []uint16{0x0102, 0x0304}
+	b := Bytes(v)
+	if len(b) != 4 {
+		t.Fatalf("%d bytes, want 4", len(b))
+	}
+	b[0], b[3] = 0xff, 0xee
+	if v[0]&0xff != 0xff && v[0]>>8 != 0xff || v[1]&0xff != 0xee && v[1]>>8 != 0xee {
+		t.Fatalf("writing the bytes did not change the vector: %x", v)
+	}
+	if Bytes([]float64{}) != nil || Bytes[int8](nil) != nil {
+		t.Fatal("an empty vector's bytes are not nil")
+	}
+}

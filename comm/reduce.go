@@ -81,8 +81,12 @@ func BitXor[T Integer](dst, a, b []T) {
 	}
 }
 
-// asBytes is the memory of s as bytes.
-func asBytes[T Number](s []T) []byte {
+// Bytes returns the memory of s as bytes, without copying, so that
+// vectors of numbers go through the calls that take bytes (Send, Recv,
+// Bcast, Allgather, …): c.Bcast(ctx, comm.Bytes(v), 0). The bytes are s's
+// in this machine's byte order; while a request owns them, s is the
+// request's too.
+func Bytes[T Number](s []T) []byte {
 	if len(s) == 0 {
 		return nil
 	}
@@ -162,7 +166,7 @@ func reduce[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op
 	var tmpBuf, sumBuf *[]byte
 	for mask := 1; mask < cc.size; mask <<= 1 {
 		if cc.rank&mask != 0 {
-			if err := cc.Send(ctx, asBytes(acc), cc.rank-mask, tag); err != nil {
+			if err := cc.Send(ctx, Bytes(acc), cc.rank-mask, tag); err != nil {
 				return err
 			}
 			break
@@ -178,7 +182,7 @@ func reduce[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op
 				sum, sumBuf = getScratch[T](len(send))
 			}
 		}
-		if err := cc.recvAll(ctx, "reduce", asBytes(tmp), child, tag); err != nil {
+		if err := cc.recvAll(ctx, "reduce", Bytes(tmp), child, tag); err != nil {
 			return err
 		}
 		op(sum, acc, tmp)
@@ -191,9 +195,9 @@ func reduce[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op
 			copy(recv, send)
 		}
 	case cc.rank == 0:
-		err = cc.Send(ctx, asBytes(acc), root, tag)
+		err = cc.Send(ctx, Bytes(acc), root, tag)
 	case cc.rank == root:
-		err = cc.recvAll(ctx, "reduce", asBytes(recv), 0, tag)
+		err = cc.recvAll(ctx, "reduce", Bytes(recv), 0, tag)
 	}
 	if err == nil {
 		putScratch(tmpBuf)
@@ -247,14 +251,14 @@ func reduceScatter[T Number](ctx context.Context, cc *Comm, tag int, send, recv 
 	if cc.rank == 0 {
 		whole, wholeBuf = getScratch[T](total)
 		var err error
-		if bs, err = cc.blocks("reduce_scatter", asBytes(whole), byteCounts, nil, false); err != nil {
+		if bs, err = cc.blocks("reduce_scatter", Bytes(whole), byteCounts, nil, false); err != nil {
 			return err
 		}
 	}
 	if err := reduce(ctx, cc, tag, in, whole, op, 0); err != nil {
 		return err
 	}
-	out := asBytes(recv[:counts[cc.rank]])
+	out := Bytes(recv[:counts[cc.rank]])
 	if cc.rank != 0 {
 		return cc.recvAll(ctx, "reduce_scatter", out, 0, tag)
 	}
@@ -313,16 +317,16 @@ func allreduce[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T,
 	nr := rank - extra // new rank
 	switch {
 	case rank < 2*extra && rank%2 == 0:
-		if err := cc.Send(ctx, asBytes(in), rank+1, tag); err != nil {
+		if err := cc.Send(ctx, Bytes(in), rank+1, tag); err != nil {
 			return err
 		}
-		if err := cc.recvAll(ctx, "allreduce", asBytes(recv), rank+1, tag); err != nil {
+		if err := cc.recvAll(ctx, "allreduce", Bytes(recv), rank+1, tag); err != nil {
 			return err
 		}
 		putScratch(tmpBuf)
 		return nil
 	case rank < 2*extra:
-		if err := cc.recvAll(ctx, "allreduce", asBytes(tmp), rank-1, tag); err != nil {
+		if err := cc.recvAll(ctx, "allreduce", Bytes(tmp), rank-1, tag); err != nil {
 			return err
 		}
 		op(recv, tmp, in)
@@ -337,7 +341,7 @@ func allreduce[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T,
 	}
 	for mask := 1; mask < p; mask <<= 1 {
 		peer := orig(nr ^ mask)
-		if err := cc.exchange(ctx, "allreduce", tag, asBytes(in), peer, asBytes(tmp), peer); err != nil {
+		if err := cc.exchange(ctx, "allreduce", tag, Bytes(in), peer, Bytes(tmp), peer); err != nil {
 			return err
 		}
 		if nr&mask == 0 {
@@ -351,7 +355,7 @@ func allreduce[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T,
 		copy(recv, send)
 	}
 	if rank < 2*extra {
-		if err := cc.Send(ctx, asBytes(recv), rank-1, tag); err != nil {
+		if err := cc.Send(ctx, Bytes(recv), rank-1, tag); err != nil {
 			return err
 		}
 	}
@@ -401,7 +405,7 @@ func exscan[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op
 	if dst == cc.size {
 		dst = -1 // none
 	}
-	err = cc.exchange(ctx, "exscan", tag, asBytes(incl), dst, asBytes(recv), cc.rank-1)
+	err = cc.exchange(ctx, "exscan", tag, Bytes(incl), dst, Bytes(recv), cc.rank-1)
 	if err == nil {
 		putScratch(inclBuf)
 	}
@@ -421,7 +425,7 @@ func inclusiveScan[T Number](ctx context.Context, cc *Comm, tag int, send, out [
 		if dst >= n {
 			dst = -1 // none
 		}
-		if err := cc.exchange(ctx, "scan", tag, asBytes(out), dst, asBytes(tmp), src); err != nil {
+		if err := cc.exchange(ctx, "scan", tag, Bytes(out), dst, Bytes(tmp), src); err != nil {
 			return err
 		}
 		if src >= 0 {

@@ -9,7 +9,6 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"flag"
 	"fmt"
 	"math"
@@ -38,12 +37,11 @@ func run(ctx context.Context, n int64) error {
 		return err
 	}
 	start := time.Now()
-	var nb [8]byte
-	binary.LittleEndian.PutUint64(nb[:], uint64(n))
-	if err := w.Bcast(ctx, nb[:], 0); err != nil {
+	nv := []int64{n}
+	if err := w.Bcast(ctx, comm.Bytes(nv), 0); err != nil {
 		return err
 	}
-	n = int64(binary.LittleEndian.Uint64(nb[:]))
+	n = nv[0]
 	if n <= 0 {
 		return fmt.Errorf("%d intervals", n)
 	}
@@ -62,14 +60,12 @@ func run(ctx context.Context, n int64) error {
 	if err := comm.Reduce(ctx, w, elapsed, slowest, comm.Max, 0); err != nil {
 		return err
 	}
-	var mine [8]byte
-	binary.LittleEndian.PutUint64(mine[:], math.Float64bits(pi[0]))
-	all := make([]byte, 8*size)
-	if err := w.Allgather(ctx, mine[:], all); err != nil {
+	all := make([]float64, size)
+	if err := w.Allgather(ctx, comm.Bytes(pi), comm.Bytes(all)); err != nil {
 		return err
 	}
-	for r := range size {
-		if got := math.Float64frombits(binary.LittleEndian.Uint64(all[8*r:])); got != pi[0] {
+	for r, got := range all {
+		if got != pi[0] {
 			return fmt.Errorf("rank %d holds π = %.17g, rank %d %.17g", r, got, rank, pi[0])
 		}
 	}
