@@ -304,34 +304,66 @@ func defaultDir() string {
 // Finalize leaves the job: it waits until every rank has called it (so
 // that no rank tears down what another still reads), then closes the
 // transports and the rendezvous client. Only the world communicator
-// finalizes.
+// finalizes, once. Calls still waiting then, and every later call, fail
+// with ErrFinalized.
 func (c *Comm) Finalize(ctx context.Context) error {
 	if c.ctx != 0 {
 		return errors.New("comm: Finalize on a communicator other than the world")
 	}
-	// Frames still queued for ranks whose buffers were full go out first:
-	// their receivers may be waiting for them.
+	// The others may still need this rank until they call Finalize too:
+	// for frames still queued here for ranks whose buffers were full, or
+	// in their own queues for this one, or to answer the connection of a
+	// rank that sends lazily. So the rank progresses while it waits for
+	// them (or another of its goroutines does).
 	e := c.e
-	err := e.await(ctx, func() bool {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		return len(e.backlog) == 0
-	}, nil)
-	err = errors.Join(err, c.boot.Barrier(ctx))
-	c.e.mu.Lock()
+	var err, berr error
+	bdone := make(chan struct{})
+	go func() {
+		berr = c.boot.Barrier(ctx)
+		close(bdone)
+		e.kick()
+	}()
+	arrived := func() bool {
+		select {
+		case <-bdone:
+			return true
+		default:
+			return false
+		}
+	}
+	if aerr := e.await(ctx, arrived, func() []<-chan struct{} { return []<-chan struct{}{bdone} }); aerr != nil {
+		err = errors.Join(err, aerr)
+	}
+	<-bdone
+	err = errors.Join(err, berr)
+	// From here every call fails with ErrFinalized. The goroutine that
+	// drives progress, perhaps asleep on the bell, sees it at its next
+	// look; once it has given the token back, nothing reads the
+	// transports' memory, and they close.
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return errors.Join(err, ErrFinalized)
+	}
+	e.closed = true
+	close(e.finished) // idle workers end
+	e.shm.Bell().Kick()
+	e.mu.Unlock()
+	e.token <- struct{}{}
+	e.mu.Lock()
 	// In reverse: shm's bell, which the others kick, goes last.
-	for _, tr := range slices.Backward(c.e.trs) {
+	for _, tr := range slices.Backward(e.trs) {
 		err = errors.Join(err, tr.Close())
 	}
-	if c.e.dev != nil {
-		err = errors.Join(err, c.e.dev.Close())
+	if e.dev != nil {
+		err = errors.Join(err, e.dev.Close())
 	}
-	if c.e.counted {
-		c.e.counted = false
+	if e.counted {
+		e.counted = false
 		engines.Add(-1)
-		close(c.e.finished)
 	}
-	c.e.mu.Unlock()
+	e.mu.Unlock()
+	<-e.token
 	return errors.Join(err, c.boot.Close())
 }
 
@@ -372,6 +404,9 @@ func (c *Comm) isend(r *Request, buf []byte, dst, tag int) (*Request, error) {
 	world := c.ranks[dst]
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closed {
+		return nil, ErrFinalized
+	}
 	tr, err := e.route(world)
 	if err != nil {
 		return nil, err
@@ -429,6 +464,9 @@ func (c *Comm) irecv(r *Request, buf []byte, src, tag int) (*Request, error) {
 	r.c, r.buf, r.src, r.tag = c, buf, src, tag
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closed {
+		return nil, ErrFinalized
+	}
 	if m := e.takeUnexpected(c, r); m != nil {
 		e.deliverTo(r, m, nil)
 		return r, nil
@@ -510,6 +548,9 @@ func (c *Comm) peek(src, tag int) (bool, Status, error) {
 	e := c.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closed {
+		return false, Status{}, ErrFinalized
+	}
 	for _, m := range e.unexpected[c.ctx] {
 		if c.matches(r, m) {
 			return true, Status{Source: int(m.h.src), Tag: int(m.h.tag), Count: int(m.h.length)}, nil

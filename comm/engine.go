@@ -2,6 +2,7 @@ package comm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -50,6 +51,7 @@ type engine struct {
 	spin     time.Duration // how long a driver polls before it sleeps
 	yield    time.Duration // with spin < 0: how long it polls, yielding its CPU, before it sleeps
 	counted  bool          // in engines: from Init to Finalize
+	closed   bool          // Finalize closed the transports: every call fails with ErrFinalized
 	work     chan *job     // to an idle worker of the non-blocking collectives
 	finished chan struct{} // closed by Finalize: the workers end
 	fatal    func() error  // non-nil when the job is gone (abort, lost server)
@@ -141,6 +143,9 @@ func (e *engine) flush() (int, error) {
 
 // progress runs every transport once. The lock is held.
 func (e *engine) progress() (int, error) {
+	if e.closed {
+		return 0, ErrFinalized
+	}
 	n, err := e.flush()
 	if err != nil {
 		return n, err
@@ -160,7 +165,7 @@ func (e *engine) progressOnce() {
 	select {
 	case e.token <- struct{}{}:
 		e.mu.Lock()
-		if _, err := e.progress(); err != nil {
+		if _, err := e.progress(); err != nil && !errors.Is(err, ErrFinalized) {
 			e.log.Error("progress", "err", err)
 		}
 		e.mu.Unlock()
@@ -225,6 +230,16 @@ func (e *engine) await(ctx context.Context, cond func() bool, chans func() []<-c
 	return nil
 }
 
+// kick wakes the goroutine that sleeps on the rank's bell, if the bell is
+// still there.
+func (e *engine) kick() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.closed {
+		e.shm.Bell().Kick()
+	}
+}
+
 // engines counts the ranks of this process: more than one in tests and
 // in jobs run as goroutines of one process.
 var engines atomic.Int32
@@ -256,9 +271,14 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 	bell := e.shm.Bell()
 	for i := 0; ; i++ {
 		// The bell's count before looking: a Kick (a completion of another
-		// transport) after it makes the sleep below return at once.
-		seq := bell.Seq()
+		// transport) after it makes the sleep below return at once. Read
+		// under the lock, as Finalize unmaps the bell under it.
 		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			return ErrFinalized
+		}
+		seq := bell.Seq()
 		n, err := e.progress()
 		e.mu.Unlock()
 		if err != nil {
@@ -317,7 +337,7 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 		// wake-up that is not a frame (a backlog's room, the job's
 		// end) is noticed.
 		if stop == nil && ctx.Done() != nil { // a context that cannot end needs none
-			stop = context.AfterFunc(ctx, func() { e.shm.Bell().Kick() })
+			stop = context.AfterFunc(ctx, e.kick)
 		}
 		if err := bell.WaitFrom(seq, 10*time.Millisecond); err != nil {
 			return err

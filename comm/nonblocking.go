@@ -17,8 +17,9 @@ import (
 // not (it reports false). The buffers belong to the request until then.
 // ctx bounds the collective itself: if it ends first, the request
 // completes with its error, its buffers as after a failed collective
-// (collective.go). A root out of range completes the request at once.
-// Every request must complete before Finalize.
+// (collective.go); the context of a Wait bounds only that wait. A root
+// out of range completes the request at once, and Finalize completes
+// those still running with ErrFinalized.
 
 // start hands body, a collective whose turn is taken, to a worker, and
 // returns the request that its end completes.
@@ -44,6 +45,14 @@ type job struct {
 // claim reports whether the caller is the one to run the job.
 func (j *job) claim() bool { return j.claimed.CompareAndSwap(false, true) }
 
+// do runs the job, claimed, and lets go of it (and of the buffers it
+// holds), as the request may live on.
+func (j *job) do() {
+	fn := j.fn
+	j.fn = nil
+	fn()
+}
+
 // run gives j to an idle worker, or a new one. A worker is a goroutine
 // that stays for the next job once it is done, so that a call does not
 // pay for a new goroutine and for growing its stack, which the runtime
@@ -59,8 +68,9 @@ func (e *engine) run(j *job) {
 func (e *engine) worker(j *job) {
 	for {
 		if j.claim() {
-			j.fn()
+			j.do()
 		}
+		j = nil
 		select {
 		case j = <-e.work:
 		case <-e.finished:

@@ -207,3 +207,30 @@ func TestNonblockingErrors(t *testing.T) {
 		t.Fatalf("ibarrier whose context ends: %v", err)
 	}
 }
+
+// TestNonblockingWaitContext: a Wait whose context ends returns then,
+// even when no worker had taken the collective yet, and the collective
+// goes on: a later Wait gets its end.
+func TestNonblockingWaitContext(t *testing.T) {
+	comms := world(t, 2, nil)
+	late := make(chan struct{})
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		if c.Rank() == 1 {
+			select {
+			case <-late:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return c.Barrier(ctx)
+		}
+		r := c.Ibarrier(context.Background())
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		defer cancel()
+		if _, err := r.Wait(wctx); !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("wait whose context ends: %v", err)
+		}
+		close(late) // (on an error above, each ends rank 1's context)
+		_, err := r.Wait(ctx)
+		return err
+	})
+}

@@ -26,6 +26,9 @@ func (c *Comm) blocks(what string, buf []byte, counts, displs []int, into bool) 
 			return nil, fmt.Errorf("comm: %s: count %d of rank %d", what, n, i)
 		}
 		if displs != nil {
+			if n == 0 { // nothing there: its displacement does not matter
+				continue
+			}
 			off = displs[i]
 		}
 		if off < 0 || off > len(buf) || n > len(buf)-off {
