@@ -651,3 +651,21 @@ func TestBytes(t *testing.T) {
 		t.Fatal("an empty vector's bytes are not nil")
 	}
 }
+
+// TestEmptyBlockDisplacement: an empty block's displacement is not
+// looked at, as in MPI, even outside the buffer.
+func TestEmptyBlockDisplacement(t *testing.T) {
+	comms := world(t, 3, nil)
+	counts, displs := []int{0, 2, 1}, []int{1000, 1, 4}
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		recv := []byte("-----")
+		send := bytes.Repeat([]byte{byte('a' + c.Rank())}, counts[c.Rank()])
+		if err := c.Allgatherv(ctx, send, recv, counts, displs); err != nil {
+			return err
+		}
+		if string(recv) != "-bb-c" {
+			return fmt.Errorf("allgatherv: %q, want -bb-c", recv)
+		}
+		return nil
+	})
+}
