@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -232,5 +233,29 @@ func TestNonblockingWaitContext(t *testing.T) {
 		close(late) // (on an error above, each ends rank 1's context)
 		_, err := r.Wait(ctx)
 		return err
+	})
+}
+
+// TestNonblockingTestLoop: with one P, a rank that only calls Test on
+// its Ibarrier still lets the barrier's worker run (Test yields), so the
+// loop ends within far less than the 10 ms after which the runtime would
+// preempt it.
+func TestNonblockingTestLoop(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	comms := world(t, 2, nil)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		r := c.Ibarrier(ctx)
+		for tests := 0; ; tests++ {
+			done, _, err := r.Test()
+			if err != nil {
+				return err
+			}
+			if done {
+				return nil
+			}
+			if tests > 1e6 {
+				return errors.New("a million Tests and the Ibarrier has not ended")
+			}
+		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -184,9 +185,15 @@ func (r *Request) Cancel() bool {
 }
 
 // Test progresses once and reports whether the request is complete, with
-// its status if so.
+// its status if so. For a non-blocking collective it yields the processor
+// instead, so that the collective's worker runs even where it shares this
+// goroutine's (GOMAXPROCS=1): a loop of Tests does not starve it.
 func (r *Request) Test() (bool, Status, error) {
-	if !r.isDone() && r.coll == nil {
+	switch {
+	case r.isDone():
+	case r.coll != nil:
+		runtime.Gosched()
+	default:
 		r.e.progressOnce()
 	}
 	if !r.isDone() {
