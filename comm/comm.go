@@ -316,6 +316,13 @@ func (c *Comm) Finalize(ctx context.Context) error {
 	// rank that sends lazily. So the rank progresses while it waits for
 	// them (or another of its goroutines does).
 	e := c.e
+	e.mu.Lock()
+	if e.finalizing {
+		e.mu.Unlock()
+		return ErrFinalized
+	}
+	e.finalizing = true
+	e.mu.Unlock()
 	var err, berr error
 	bdone := make(chan struct{})
 	go func() {
@@ -341,10 +348,6 @@ func (c *Comm) Finalize(ctx context.Context) error {
 	// look; once it has given the token back, nothing reads the
 	// transports' memory, and they close.
 	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return errors.Join(err, ErrFinalized)
-	}
 	e.closed = true
 	close(e.finished) // idle workers end
 	e.shm.Bell().Kick()
@@ -362,6 +365,7 @@ func (c *Comm) Finalize(ctx context.Context) error {
 		e.counted = false
 		engines.Add(-1)
 	}
+	e.failPending()
 	e.mu.Unlock()
 	<-e.token
 	return errors.Join(err, c.boot.Close())

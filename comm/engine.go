@@ -44,17 +44,18 @@ type engine struct {
 	backlog    map[int][]queued // frames to a rank that did not fit yet, in order
 	bad        uint64           // malformed or impossible frames received
 
-	hdr      [hdrLen]byte  // scratch for a frame's header, under the lock
-	parts    [2][]byte     // scratch for a frame's parts in send, under the lock
-	token    chan struct{} // held by the goroutine driving progress
-	eagerMax int           // largest payload sent eagerly
-	spin     time.Duration // how long a driver polls before it sleeps
-	yield    time.Duration // with spin < 0: how long it polls, yielding its CPU, before it sleeps
-	counted  bool          // in engines: from Init to Finalize
-	closed   bool          // Finalize closed the transports: every call fails with ErrFinalized
-	work     chan *job     // to an idle worker of the non-blocking collectives
-	finished chan struct{} // closed by Finalize: the workers end
-	fatal    func() error  // non-nil when the job is gone (abort, lost server)
+	hdr        [hdrLen]byte  // scratch for a frame's header, under the lock
+	parts      [2][]byte     // scratch for a frame's parts in send, under the lock
+	token      chan struct{} // held by the goroutine driving progress
+	eagerMax   int           // largest payload sent eagerly
+	spin       time.Duration // how long a driver polls before it sleeps
+	yield      time.Duration // with spin < 0: how long it polls, yielding its CPU, before it sleeps
+	counted    bool          // in engines: from Init to Finalize
+	finalizing bool          // Finalize has begun: another call of it fails
+	closed     bool          // Finalize closed the transports: every call fails with ErrFinalized
+	work       chan *job     // to an idle worker of the non-blocking collectives
+	finished   chan struct{} // closed by Finalize: the workers end
+	fatal      func() error  // non-nil when the job is gone (abort, lost server)
 }
 
 // queued is a frame waiting for room in its receiver's buffers, and the
@@ -228,6 +229,41 @@ func (e *engine) await(ctx context.Context, cond func() bool, chans func() []<-c
 		}
 	}
 	return nil
+}
+
+// failPending completes every request still in the engine's queues with
+// ErrFinalized, so that a Test loop ends too; the transports are closed
+// and the lock is held.
+func (e *engine) failPending() {
+	fail := func(r *Request) {
+		if r != nil && !r.isDone() {
+			r.complete(Status{}, ErrFinalized)
+		}
+	}
+	for ctx, q := range e.posted {
+		for _, r := range q {
+			fail(r)
+		}
+		delete(e.posted, ctx)
+	}
+	for id, r := range e.sends {
+		fail(r)
+		delete(e.sends, id)
+	}
+	for id, r := range e.pulls {
+		fail(r)
+		delete(e.pulls, id)
+	}
+	for k, p := range e.pushes {
+		fail(p.r)
+		delete(e.pushes, k)
+	}
+	for dst, qs := range e.backlog {
+		for _, q := range qs {
+			fail(q.r)
+		}
+		delete(e.backlog, dst)
+	}
 }
 
 // kick wakes the goroutine that sleeps on the rank's bell, if the bell is

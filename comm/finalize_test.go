@@ -3,6 +3,7 @@ package comm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -54,4 +55,46 @@ func TestFinalize(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestFinalizePending: requests still pending when their rank finalizes
+// complete with ErrFinalized, so that Test and Testall report them done;
+// a second Finalize, even at once from another goroutine, fails with
+// ErrFinalized and takes no part in the job's barrier.
+func TestFinalizePending(t *testing.T) {
+	comms := world(t, 2, nil)
+	c := comms[0]
+	recv, err := c.Irecv(make([]byte, 8), 1, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send, err := c.Isend(make([]byte, 100000), 1, 8) // rendezvous: never pulled
+	if err != nil {
+		t.Fatal(err)
+	}
+	twice := make(chan error, 1)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		if c.Rank() == 0 {
+			go func() { twice <- c.Finalize(ctx) }()
+		}
+		err := c.Finalize(ctx)
+		if c.Rank() == 0 {
+			// One of the two calls finalizes, the other fails.
+			other := <-twice
+			if (err == nil) == (other == nil) || !errors.Is(errors.Join(err, other), ErrFinalized) {
+				return fmt.Errorf("two Finalizes: %v and %v", err, other)
+			}
+			return nil
+		}
+		return err
+	})
+	for name, r := range map[string]*Request{"irecv": recv, "isend": send} {
+		done, _, err := r.Test()
+		if !done || !errors.Is(err, ErrFinalized) {
+			t.Errorf("%s pending at Finalize: Test says %v, %v", name, done, err)
+		}
+	}
+	if !Testall(recv, send) {
+		t.Error("Testall of the pending requests: false")
+	}
 }

@@ -18,10 +18,14 @@ import (
 // removes nothing. So each directory holds a lock file, locked (flock) by
 // its maker for as long as it lives, and the kernel drops the lock when
 // the maker dies, however: the next makeTempDir of any xrcrun of this user
-// removes the directories whose lock is free (sweepTempDirs).
+// on the same host removes the directories whose lock is free
+// (sweepTempDirs). The lock file names the host: where TMPDIR is shared
+// between hosts whose flock locks are their own (NFS with local_lock), a
+// sweep does not take another host's live directory. On a filesystem
+// without flock, directories go without a lock and are never swept.
 var tempDirs struct {
 	sync.Mutex
-	m      map[string]*os.File // directory: its lock file
+	m      map[string]*os.File // directory: its lock file, or nil
 	closed bool                // removeTempDirs ran: the process is exiting
 	swept  bool
 }
@@ -49,6 +53,9 @@ func makeTempDir(pattern string) (string, func(), error) {
 		return "", nil, err
 	}
 	lock, err := lockDir(dir)
+	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOLCK) {
+		lock, err = nil, nil // no flock here: no lock, no sweep
+	}
 	if err != nil {
 		os.RemoveAll(dir)
 		return "", nil, err
@@ -57,7 +64,7 @@ func makeTempDir(pattern string) (string, func(), error) {
 	defer tempDirs.Unlock()
 	if tempDirs.closed {
 		os.RemoveAll(dir)
-		lock.Close()
+		closeLock(lock)
 		return "", nil, errors.New("xrcrun is exiting")
 	}
 	if tempDirs.m == nil {
@@ -69,13 +76,19 @@ func makeTempDir(pattern string) (string, func(), error) {
 		delete(tempDirs.m, dir)
 		tempDirs.Unlock()
 		os.RemoveAll(dir)
-		lock.Close()
+		closeLock(lock)
 	}, nil
 }
 
-// lockDir makes dir's lock file, locked, and returns it open: the lock
-// lasts until it is closed or this process ends. (Go opens files
-// close-on-exec, so the ranks do not inherit it.)
+func closeLock(f *os.File) {
+	if f != nil {
+		f.Close()
+	}
+}
+
+// lockDir makes dir's lock file, locked, naming this host, and returns
+// it open: the lock lasts until it is closed or this process ends. (Go
+// opens files close-on-exec, so the ranks do not inherit it.)
 func lockDir(dir string) (*os.File, error) {
 	tmp := filepath.Join(dir, lockName+".new")
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
@@ -84,7 +97,12 @@ func lockDir(dir string) (*os.File, error) {
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
+		os.Remove(tmp)
 		return nil, fmt.Errorf("lock %s: %w", tmp, err)
+	}
+	if _, err := f.WriteString(hostname()); err != nil {
+		f.Close()
+		return nil, err
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, lockName)); err != nil {
 		f.Close()
@@ -109,7 +127,9 @@ func sweepTempDirs(root string, removed func(dir string)) {
 		if err != nil {
 			continue
 		}
-		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+		host := make([]byte, 256)
+		n, _ := f.Read(host)
+		if string(host[:n]) == hostname() && unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
 			// Its maker is gone; the lock, held while removing, keeps
 			// another sweep from racing this one.
 			os.RemoveAll(dir)
@@ -121,6 +141,15 @@ func sweepTempDirs(root string, removed func(dir string)) {
 	}
 }
 
+// hostname names this host in lock files.
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "?"
+	}
+	return h
+}
+
 // removeTempDirs removes the temporary directories left, before an exit
 // that skips the deferred removals.
 func removeTempDirs() {
@@ -129,7 +158,7 @@ func removeTempDirs() {
 	tempDirs.closed = true
 	for dir, lock := range tempDirs.m {
 		os.RemoveAll(dir)
-		lock.Close()
+		closeLock(lock)
 		delete(tempDirs.m, dir)
 	}
 }

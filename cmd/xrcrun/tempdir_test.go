@@ -9,9 +9,10 @@ import (
 	"time"
 )
 
-// TestSweepTempDirs: a sweep removes the directories of xrcrun whose lock
-// nobody holds, and leaves those whose maker lives, those with no lock
-// file (being made, or older) and those of other programs.
+// TestSweepTempDirs: a sweep removes the directories of xrcrun of this
+// host whose lock nobody holds, and leaves those whose maker lives, those
+// with no lock file (being made, older, or on a filesystem without
+// flock), those of other hosts and those of other programs.
 func TestSweepTempDirs(t *testing.T) {
 	root := t.TempDir()
 	mk := func(name string) string {
@@ -35,6 +36,12 @@ func TestSweepTempDirs(t *testing.T) {
 	}
 	l.Close() // as the kernel does when its maker dies
 	mk("xrcrun-nolock")
+	// Another host's, on a TMPDIR the hosts share: its lock is that
+	// host's, free here even while its maker lives.
+	elsewhere := mk("xrcrun-elsewhere")
+	if err := os.WriteFile(filepath.Join(elsewhere, lockName), []byte(hostname()+".other"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	other := mk("other-dead")
 	if l, err = lockDir(other); err != nil {
 		t.Fatal(err)
@@ -46,7 +53,7 @@ func TestSweepTempDirs(t *testing.T) {
 	if !slices.Equal(removed, []string{"xrcrun-dead"}) {
 		t.Fatalf("removed %q, want only xrcrun-dead", removed)
 	}
-	for _, name := range []string{"xrcrun-live", "xrcrun-nolock", "other-dead"} {
+	for _, name := range []string{"xrcrun-live", "xrcrun-nolock", "xrcrun-elsewhere", "other-dead"} {
 		if _, err := os.Stat(filepath.Join(root, name, "f")); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
