@@ -40,7 +40,7 @@ func (c *Comm) collective() (*Comm, int) {
 	tag := int(c.coll)
 	c.coll = (c.coll + 1) & (1<<31 - 1)
 	if c.collComm == nil {
-		c.collComm = &Comm{e: c.e, ctx: c.ctx | collBit, rank: c.rank, size: c.size, ranks: c.ranks}
+		c.collComm = &Comm{e: c.e, ctx: c.ctx | collBit, rank: c.rank, size: c.size, ranks: c.ranks, freed: c.freed}
 	}
 	return c.collComm, tag
 }

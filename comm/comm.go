@@ -1,10 +1,11 @@
 // Package comm is the API a Go program uses to talk to the other ranks of
 // its job, as MPI's: blocking and non-blocking sends and receives with
-// tags and wildcards, probes, communicators made by Dup and Split, the
-// collectives (Barrier, Bcast, Gather, Scatter, Allgather, Alltoall and
-// the vector forms Gatherv, Scatterv, Allgatherv and Alltoallv; Reduce,
-// Allreduce, ReduceScatter, ReduceScatterBlock, Scan and Exscan), each
-// also non-blocking (Ibarrier, Iallreduce, …), and Abort.
+// tags and wildcards, probes, communicators made by Dup and Split (and
+// released by Free), the collectives (Barrier, Bcast, Gather, Scatter,
+// Allgather, Alltoall and the vector forms Gatherv, Scatterv, Allgatherv
+// and Alltoallv; Reduce, Allreduce, ReduceScatter, ReduceScatterBlock,
+// Scan and Exscan), each also non-blocking (Ibarrier, Iallreduce, …), and
+// Abort.
 //
 // Messages between two ranks on the same communicator with the same tag
 // are received in the order they were sent (MPI's non-overtaking rule).
@@ -95,6 +96,7 @@ type Comm struct {
 	// collComm carries the collectives: c in its collective context.
 	// Made at the first, under the engine's lock.
 	collComm *Comm
+	freed    bool // by Free; under the engine's lock
 	boot     *bootstrap.Client
 }
 
@@ -408,8 +410,8 @@ func (c *Comm) isend(r *Request, buf []byte, dst, tag int) (*Request, error) {
 	world := c.ranks[dst]
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
-		return nil, ErrFinalized
+	if err := c.usable(); err != nil {
+		return nil, err
 	}
 	tr, err := e.route(world)
 	if err != nil {
@@ -468,8 +470,8 @@ func (c *Comm) irecv(r *Request, buf []byte, src, tag int) (*Request, error) {
 	r.c, r.buf, r.src, r.tag = c, buf, src, tag
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
-		return nil, ErrFinalized
+	if err := c.usable(); err != nil {
+		return nil, err
 	}
 	if m := e.takeUnexpected(c, r); m != nil {
 		e.deliverTo(r, m, nil)
@@ -552,8 +554,8 @@ func (c *Comm) peek(src, tag int) (bool, Status, error) {
 	e := c.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
-		return false, Status{}, ErrFinalized
+	if err := c.usable(); err != nil {
+		return false, Status{}, err
 	}
 	for _, m := range e.unexpected[c.ctx] {
 		if c.matches(r, m) {
@@ -645,6 +647,61 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	}
 	c.e.comms[n.ctx] = n
 	return n, nil
+}
+
+// usable returns the error of a call on c, if c can take none: its rank
+// has finalized, or c was freed. The engine's lock is held.
+func (c *Comm) usable() error {
+	switch {
+	case c.e.closed:
+		return ErrFinalized
+	case c.freed:
+		return ErrFreed
+	}
+	return nil
+}
+
+// Free releases c, a communicator made by Dup or Split: the rank forgets
+// it, and later calls on c fail with ErrFreed. Each rank of c frees it
+// once the calls it made on c have completed and the messages sent to it
+// on c have been received, as MPI_Comm_free asks; while receives are
+// still posted on c, messages wait there unreceived or large sends on c
+// wait for their receivers, Free frees nothing and says so. The world
+// cannot be freed (Finalize ends it).
+func (c *Comm) Free() error {
+	if c.ctx == 0 {
+		return errors.New("comm: the world communicator cannot be freed")
+	}
+	e := c.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return err
+	}
+	ctxs := []uint32{c.ctx, c.ctx | collBit}
+	for _, ctx := range ctxs {
+		if n := len(e.posted[ctx]); n > 0 {
+			return fmt.Errorf("comm: free: %d receives still posted on the communicator", n)
+		}
+		if n := len(e.unexpected[ctx]); n > 0 {
+			return fmt.Errorf("comm: free: %d messages on the communicator not received", n)
+		}
+	}
+	for _, r := range e.sends {
+		if r.c == c || r.c != nil && r.c == c.collComm {
+			return errors.New("comm: free: a send on the communicator waits for its receiver")
+		}
+	}
+	for _, ctx := range ctxs {
+		delete(e.posted, ctx)
+		delete(e.unexpected, ctx)
+	}
+	delete(e.comms, c.ctx)
+	c.freed = true
+	if c.collComm != nil {
+		c.collComm.freed = true
+	}
+	return nil
 }
 
 // SplitByNode returns the communicator of the ranks of c on this rank's

@@ -31,6 +31,9 @@ var ErrTruncate = errors.New("comm: message longer than the receive buffer")
 // ErrFinalized is the error of the calls of a rank that has finalized.
 var ErrFinalized = errors.New("comm: the rank has finalized")
 
+// ErrFreed is the error of calls on a communicator that was freed.
+var ErrFreed = errors.New("comm: the communicator was freed")
+
 // ErrCanceled is the error of a receive taken back by Cancel.
 var ErrCanceled = errors.New("comm: receive canceled")
 

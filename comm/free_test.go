@@ -1,0 +1,97 @@
+package comm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+)
+
+// TestFree: a communicator in use cannot be freed (a receive posted, a
+// message unreceived); once its calls are done, every rank frees it, the
+// engine forgets its context, and later calls fail with ErrFreed, while
+// the world goes on.
+func TestFree(t *testing.T) {
+	comms := world(t, 3, nil)
+	each(t, comms, func(ctx context.Context, w *Comm) error {
+		c, err := w.Dup(ctx)
+		if err != nil {
+			return err
+		}
+		sum := make([]int32, 1)
+		if err := Allreduce(ctx, c, []int32{int32(w.Rank())}, sum, Sum); err != nil {
+			return err
+		}
+		// A message from the rank before, received only after a failed Free.
+		if err := c.Send(ctx, []byte{7}, (c.Rank()+1)%3, 5); err != nil {
+			return err
+		}
+		if err := w.Barrier(ctx); err != nil { // every message has arrived
+			return err
+		}
+		if err := c.Free(); err == nil {
+			return errors.New("free with a message unreceived: no error")
+		}
+		buf := make([]byte, 1)
+		if _, err := c.Recv(ctx, buf, (c.Rank()+2)%3, 5); err != nil {
+			return err
+		}
+		r, err := c.Irecv(buf, AnySource, 6)
+		if err != nil {
+			return err
+		}
+		if err := c.Free(); err == nil {
+			return errors.New("free with a receive posted: no error")
+		}
+		r.Cancel()
+		if err := c.Barrier(ctx); err != nil { // the communicator still works
+			return err
+		}
+		if err := c.Free(); err != nil {
+			return err
+		}
+		w.e.mu.Lock()
+		_, known := w.e.comms[c.ctx]
+		_, posted := w.e.posted[c.ctx]
+		_, collPosted := w.e.posted[c.ctx|collBit]
+		w.e.mu.Unlock()
+		if known || posted || collPosted {
+			return fmt.Errorf("after Free the engine still has the context: %v %v %v", known, posted, collPosted)
+		}
+		_, isendErr := c.Isend(nil, 0, 0)
+		for what, err := range map[string]error{
+			"Send":      c.Send(ctx, nil, 0, 0),
+			"Isend":     isendErr,
+			"Barrier":   c.Barrier(ctx),
+			"Allreduce": Allreduce(ctx, c, sum, sum, Sum),
+			"Free":      c.Free(),
+		} {
+			if !errors.Is(err, ErrFreed) {
+				return fmt.Errorf("%s on a freed communicator: %v", what, err)
+			}
+		}
+		if w.Free() == nil {
+			return errors.New("freeing the world: no error")
+		}
+		return w.Barrier(ctx)
+	})
+}
+
+// TestFreeUnusedCollective: a communicator freed before its first
+// collective refuses collectives too.
+func TestFreeUnusedCollective(t *testing.T) {
+	comms := world(t, 2, nil)
+	each(t, comms, func(ctx context.Context, w *Comm) error {
+		c, err := w.Split(ctx, 0, w.Rank())
+		if err != nil {
+			return err
+		}
+		if err := c.Free(); err != nil {
+			return err
+		}
+		if err := c.Barrier(ctx); !errors.Is(err, ErrFreed) {
+			return fmt.Errorf("barrier on a freed communicator: %v", err)
+		}
+		return nil
+	})
+}
