@@ -8,9 +8,10 @@ import (
 // The non-blocking collectives, MPI's Ibarrier, Ibcast and the others.
 // Each takes its call's turn on the communicator at once, so that the
 // calls pair up across the ranks in the order each rank makes them,
-// blocking or not, and then runs the collective in a goroutine of its
-// own. That goroutine drives the rank's progress whenever no other one
-// does, so the collective advances while the caller computes.
+// blocking or not, and then hands the collective, the same code as the
+// blocking call's, to a worker goroutine. The worker drives the rank's
+// progress whenever no other goroutine does, so the collective advances
+// while the caller computes.
 //
 // The Request completes when the collective has; Wait, Test, Waitall and
 // Waitany take it as they take the point-to-point ones, and Cancel does
