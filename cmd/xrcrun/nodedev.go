@@ -28,23 +28,26 @@ type nodeDevice struct {
 // their loopback address. Other nodes use the host's first kernel RDMA
 // device if it has one, else a soft HCA on the host's address.
 func setupDevice(ctx context.Context, spec agentSpec, node int, log *slog.Logger) (*nodeDevice, error) {
-	dir, removeDir := spec.RuntimeDir, func() {}
-	if dir == "" {
+	dir, releaseDir := spec.RuntimeDir, func() {}
+	if dir != "" {
+		// The launcher's: held while the node's device and ranks use it.
+		releaseDir = holdTempDir(dir)
+	} else {
 		d, remove, err := makeTempDir("xrcrun-" + spec.JobID + "-")
 		if err != nil {
 			return nil, fmt.Errorf("runtime directory: %w", err)
 		}
-		dir, removeDir = d, remove
+		dir, releaseDir = d, remove
 	}
 	if !spec.Emulated {
 		if name, ok := kernelDevice(); ok {
 			log.Info("using the host's RDMA device", "device", name)
-			return &nodeDevice{name: name, dir: dir, close: removeDir}, nil
+			return &nodeDevice{name: name, dir: dir, close: releaseDir}, nil
 		}
 	}
 	addrs, err := hcaAddrs(ctx, spec, node)
 	if err != nil {
-		removeDir()
+		releaseDir()
 		return nil, err
 	}
 	name := fmt.Sprintf("soft-%s-%d", spec.JobID, node)
@@ -57,18 +60,18 @@ func setupDevice(ctx context.Context, spec agentSpec, node int, log *slog.Logger
 			continue
 		}
 		if err != nil {
-			removeDir()
+			releaseDir()
 			return nil, fmt.Errorf("soft HCA on %s: %w", addr, err)
 		}
 		if err := serveDevice(ctx, d, dir); err != nil {
 			d.Close()
-			removeDir()
+			releaseDir()
 			return nil, err
 		}
 		log.Debug("soft HCA up", "device", name, "addr", addr, "dir", dir)
-		return &nodeDevice{name: name, addr: addr.String(), dir: dir, close: func() { d.Close(); removeDir() }}, nil
+		return &nodeDevice{name: name, addr: addr.String(), dir: dir, close: func() { d.Close(); releaseDir() }}, nil
 	}
-	removeDir()
+	releaseDir()
 	return nil, fmt.Errorf("soft HCA: UDP port 4791 is taken on every address tried (%s first)", addrs[0])
 }
 

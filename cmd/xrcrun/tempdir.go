@@ -15,10 +15,12 @@ import (
 // launcher at once (os.Exit), so main removes what is left first.
 //
 // A process killed outright (SIGKILL, or an agent whose launcher was)
-// removes nothing. So each directory holds a lock file, locked (flock) by
-// its maker for as long as it lives, and the kernel drops the lock when
-// the maker dies, however: the next makeTempDir of any xrcrun of this user
-// on the same host removes the directories whose lock is free
+// removes nothing. So each directory holds a lock file, locked (a shared
+// flock) by its maker for as long as it lives, and by the node agents
+// that use a launcher's directory (holdTempDir); the kernel drops a lock
+// when its holder dies, however: the next makeTempDir of any xrcrun of
+// this user on the same host removes the directories whose lock nobody
+// holds
 // (sweepTempDirs). The lock file names the host: where TMPDIR is shared
 // between hosts whose flock locks are their own (NFS with local_lock), a
 // sweep does not take another host's live directory. On a filesystem
@@ -95,7 +97,7 @@ func lockDir(dir string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
 		f.Close()
 		os.Remove(tmp)
 		return nil, fmt.Errorf("lock %s: %w", tmp, err)
@@ -109,6 +111,22 @@ func lockDir(dir string) (*os.File, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// holdTempDir takes a shared lock on dir, a temporary directory another
+// xrcrun made, so that no sweep removes it while this process uses it,
+// even once its maker is gone. It returns the func that lets it go; a
+// directory without a lock file is left as it is.
+func holdTempDir(dir string) func() {
+	f, err := os.Open(filepath.Join(dir, lockName))
+	if err != nil {
+		return func() {}
+	}
+	if unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB) != nil {
+		f.Close()
+		return func() {}
+	}
+	return func() { f.Close() }
 }
 
 // sweepTempDirs removes the directories of xrcrun in root whose maker has

@@ -12,7 +12,8 @@ import (
 // TestSweepTempDirs: a sweep removes the directories of xrcrun of this
 // host whose lock nobody holds, and leaves those whose maker lives, those
 // with no lock file (being made, older, or on a filesystem without
-// flock), those of other hosts and those of other programs.
+// flock), those a node agent holds, those of other hosts and those of
+// other programs.
 func TestSweepTempDirs(t *testing.T) {
 	root := t.TempDir()
 	mk := func(name string) string {
@@ -35,6 +36,14 @@ func TestSweepTempDirs(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Close() // as the kernel does when its maker dies
+	// A launcher's, its maker gone, still used by a node agent.
+	held := mk("xrcrun-held")
+	if l, err = lockDir(held); err != nil {
+		t.Fatal(err)
+	}
+	release := holdTempDir(held)
+	defer release()
+	l.Close()
 	mk("xrcrun-nolock")
 	// Another host's, on a TMPDIR the hosts share: its lock is that
 	// host's, free here even while its maker lives.
@@ -53,7 +62,7 @@ func TestSweepTempDirs(t *testing.T) {
 	if !slices.Equal(removed, []string{"xrcrun-dead"}) {
 		t.Fatalf("removed %q, want only xrcrun-dead", removed)
 	}
-	for _, name := range []string{"xrcrun-live", "xrcrun-nolock", "xrcrun-elsewhere", "other-dead"} {
+	for _, name := range []string{"xrcrun-live", "xrcrun-held", "xrcrun-nolock", "xrcrun-elsewhere", "other-dead"} {
 		if _, err := os.Stat(filepath.Join(root, name, "f")); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
