@@ -1,6 +1,7 @@
 // Package comm is the API a Go program uses to talk to the other ranks of
 // its job, as MPI's: blocking and non-blocking sends and receives with
-// tags and wildcards, probes, communicators made by Dup and Split (and
+// tags and wildcards, probes (and matched probes, Mprobe, for goroutines
+// that probe at once), communicators made by Dup and Split (and
 // released by Free), the collectives (Barrier, Bcast, Gather, Scatter,
 // Allgather, Alltoall and the vector forms Gatherv, Scatterv, Allgatherv
 // and Alltoallv; Reduce, Allreduce, ReduceScatter, ReduceScatterBlock,
