@@ -33,16 +33,20 @@ import (
 // messages).
 
 // collective returns the communicator that carries c's collectives and
-// the tag of the next one.
-func (c *Comm) collective() (*Comm, int) {
+// the tag of the next one, or why c can take none (a collective of one
+// rank sends nothing that would tell).
+func (c *Comm) collective() (*Comm, int, error) {
 	c.e.mu.Lock()
 	defer c.e.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return nil, 0, err
+	}
 	tag := int(c.coll)
 	c.coll = (c.coll + 1) & (1<<31 - 1)
 	if c.collComm == nil {
 		c.collComm = &Comm{e: c.e, ctx: c.ctx | collBit, rank: c.rank, size: c.size, ranks: c.ranks, freed: c.freed}
 	}
-	return c.collComm, tag
+	return c.collComm, tag, nil
 }
 
 // recvAll receives exactly len(buf) bytes from src.
@@ -89,7 +93,10 @@ func (c *Comm) checkRoot(root int) error { return c.checkPeer(root, "root") }
 
 // Barrier returns once every rank of c has called it.
 func (c *Comm) Barrier(ctx context.Context) error {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return err
+	}
 	return cc.barrier(ctx, tag)
 }
 
@@ -110,7 +117,10 @@ func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
 	if err := c.checkRoot(root); err != nil {
 		return err
 	}
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return err
+	}
 	return cc.bcast(ctx, tag, buf, root)
 }
 
@@ -186,7 +196,10 @@ func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
 // length, in rank order: rank i's at recv[i*len(send):]. recv must hold
 // Size()*len(send) bytes; send may be this rank's block of recv.
 func (c *Comm) Allgather(ctx context.Context, send, recv []byte) error {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return err
+	}
 	return cc.allgather(ctx, tag, send, recv)
 }
 
@@ -224,7 +237,10 @@ func rotateRight(b []byte, s int) {
 // it as block j of its recv, j the sender's rank. send and recv hold
 // Size() blocks of equal length each.
 func (c *Comm) Alltoall(ctx context.Context, send, recv []byte) error {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return err
+	}
 	return cc.alltoallBlocks(ctx, tag, send, recv)
 }
 

@@ -98,6 +98,7 @@ type Comm struct {
 	// Made at the first, under the engine's lock.
 	collComm *Comm
 	freed    bool // by Free; under the engine's lock
+	jobs     int  // non-blocking collectives running; under the engine's lock
 	boot     *bootstrap.Client
 }
 
@@ -666,8 +667,10 @@ func (c *Comm) usable() error {
 // it, and later calls on c fail with ErrFreed. Each rank of c frees it
 // once the calls it made on c have completed and the messages sent to it
 // on c have been received, as MPI_Comm_free asks; while receives are
-// still posted on c, messages wait there unreceived or large sends on c
-// wait for their receivers, Free frees nothing and says so. The world
+// still posted on c, messages wait there unreceived, large sends on c
+// wait for their receivers or non-blocking collectives on c run, Free
+// frees nothing and says so. A message Mprobe took may still be
+// received. The world
 // cannot be freed (Finalize ends it).
 func (c *Comm) Free() error {
 	if c.ctx == 0 {
@@ -692,6 +695,9 @@ func (c *Comm) Free() error {
 		if r.c == c || r.c != nil && r.c == c.collComm {
 			return errors.New("comm: free: a send on the communicator waits for its receiver")
 		}
+	}
+	if c.jobs > 0 {
+		return fmt.Errorf("comm: free: %d non-blocking collectives on the communicator still running", c.jobs)
 	}
 	for _, ctx := range ctxs {
 		delete(e.posted, ctx)

@@ -1,6 +1,7 @@
 package comm
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -91,6 +92,71 @@ func TestFreeUnusedCollective(t *testing.T) {
 		}
 		if err := c.Barrier(ctx); !errors.Is(err, ErrFreed) {
 			return fmt.Errorf("barrier on a freed communicator: %v", err)
+		}
+		return nil
+	})
+}
+
+// TestFreeReviewCases: a freed communicator of one rank refuses its
+// collectives too (they would send nothing that could fail); Free refuses
+// while a non-blocking collective on the communicator runs; a message
+// Mprobe took before Free is still received after it.
+func TestFreeReviewCases(t *testing.T) {
+	comms := world(t, 2, nil)
+	each(t, comms, func(ctx context.Context, w *Comm) error {
+		one, err := w.Split(ctx, w.Rank(), 0)
+		if err != nil {
+			return err
+		}
+		if err := one.Free(); err != nil {
+			return err
+		}
+		_, dupErr := one.Dup(ctx)
+		_, ibErr := one.Ibarrier(ctx).Wait(ctx)
+		for what, err := range map[string]error{"Barrier": one.Barrier(ctx), "Dup": dupErr, "Ibarrier": ibErr,
+			"Allreduce": Allreduce(ctx, one, []int8{1}, make([]int8, 1), Sum)} {
+			if !errors.Is(err, ErrFreed) {
+				return fmt.Errorf("%s on a freed communicator of one rank: %v", what, err)
+			}
+		}
+
+		c, err := w.Dup(ctx)
+		if err != nil {
+			return err
+		}
+		r := c.Ibarrier(ctx)
+		if err := c.Free(); err == nil {
+			return errors.New("free with an Ibarrier running: no error")
+		}
+		if _, err := r.Wait(ctx); err != nil {
+			return err
+		}
+		if c.Rank() == 1 {
+			for _, n := range []int{8, 100000} {
+				if err := c.Send(ctx, pattern(n, n), 0, n); err != nil {
+					return err
+				}
+			}
+			return c.Free()
+		}
+		var msgs []*Message
+		for _, n := range []int{8, 100000} {
+			msg, err := c.Mprobe(ctx, 1, n)
+			if err != nil {
+				return err
+			}
+			msgs = append(msgs, msg)
+		}
+		// The rendezvous one is still only offered, its sender waiting.
+		if err := c.Free(); err != nil {
+			return err
+		}
+		for _, msg := range msgs {
+			n := msg.Status().Count
+			buf := make([]byte, n)
+			if _, err := msg.Recv(ctx, buf); err != nil || !bytes.Equal(buf, pattern(n, n)) {
+				return fmt.Errorf("a message taken before Free, %d bytes: %v", n, err)
+			}
 		}
 		return nil
 	})

@@ -73,18 +73,19 @@ func (c *Comm) take(src, tag int) (*Message, error) {
 // longer than buf fills it and completes with ErrTruncate. A message is
 // received once.
 func (msg *Message) Irecv(buf []byte) (*Request, error) {
+	c := msg.c
+	e := c.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	// Matched already: a communicator freed since does not stop it.
+	if e.closed {
+		return nil, ErrFinalized
+	}
 	if !msg.received.CompareAndSwap(false, true) {
 		return nil, errors.New("comm: the message was received already")
 	}
-	c := msg.c
-	e := c.e
 	r := newRequest(e)
 	r.c, r.buf, r.src, r.tag = c, buf, msg.st.Source, msg.st.Tag
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if err := c.usable(); err != nil {
-		return nil, err
-	}
 	e.deliverTo(r, msg.m, nil)
 	msg.m = nil
 	return r, nil

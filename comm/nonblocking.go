@@ -26,9 +26,13 @@ import (
 // returns the request that its end completes.
 func (c *Comm) start(body func() error) *Request {
 	r := newRequest(c.e)
+	c.e.mu.Lock()
+	c.jobs++ // Free waits for them
+	c.e.mu.Unlock()
 	r.coll = &job{fn: func() {
 		err := body()
 		c.e.mu.Lock()
+		c.jobs--
 		r.complete(Status{}, err)
 		c.e.mu.Unlock()
 	}}
@@ -89,7 +93,10 @@ func (c *Comm) failed(err error) *Request {
 
 // Ibarrier starts a Barrier.
 func (c *Comm) Ibarrier(ctx context.Context) *Request {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return c.failed(err)
+	}
 	return c.start(func() error { return cc.barrier(ctx, tag) })
 }
 
@@ -98,7 +105,10 @@ func (c *Comm) Ibcast(ctx context.Context, buf []byte, root int) *Request {
 	if err := c.checkRoot(root); err != nil {
 		return c.failed(err)
 	}
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return c.failed(err)
+	}
 	return c.start(func() error { return cc.bcast(ctx, tag, buf, root) })
 }
 
@@ -112,7 +122,10 @@ func (c *Comm) Igatherv(ctx context.Context, send, recv []byte, counts, displs [
 	if err := c.checkRoot(root); err != nil {
 		return c.failed(err)
 	}
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return c.failed(err)
+	}
 	return c.start(func() error { return cc.gatherv(ctx, tag, send, recv, counts, displs, root) })
 }
 
@@ -126,31 +139,46 @@ func (c *Comm) Iscatterv(ctx context.Context, send []byte, counts, displs []int,
 	if err := c.checkRoot(root); err != nil {
 		return c.failed(err)
 	}
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return c.failed(err)
+	}
 	return c.start(func() error { return cc.scatterv(ctx, tag, send, counts, displs, recv, root) })
 }
 
 // Iallgather starts an Allgather.
 func (c *Comm) Iallgather(ctx context.Context, send, recv []byte) *Request {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return c.failed(err)
+	}
 	return c.start(func() error { return cc.allgather(ctx, tag, send, recv) })
 }
 
 // Iallgatherv starts an Allgatherv.
 func (c *Comm) Iallgatherv(ctx context.Context, send, recv []byte, counts, displs []int) *Request {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return c.failed(err)
+	}
 	return c.start(func() error { return cc.allgatherv(ctx, tag, send, recv, counts, displs) })
 }
 
 // Ialltoall starts an Alltoall.
 func (c *Comm) Ialltoall(ctx context.Context, send, recv []byte) *Request {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return c.failed(err)
+	}
 	return c.start(func() error { return cc.alltoallBlocks(ctx, tag, send, recv) })
 }
 
 // Ialltoallv starts an Alltoallv.
 func (c *Comm) Ialltoallv(ctx context.Context, send []byte, sendCounts, sendDispls []int, recv []byte, recvCounts, recvDispls []int) *Request {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return c.failed(err)
+	}
 	return c.start(func() error {
 		return cc.alltoallv(ctx, tag, send, sendCounts, sendDispls, recv, recvCounts, recvDispls)
 	})
@@ -161,19 +189,28 @@ func Ireduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], r
 	if err := c.checkRoot(root); err != nil {
 		return c.failed(err)
 	}
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return c.failed(err)
+	}
 	return c.start(func() error { return reduce(ctx, cc, tag, send, recv, op, root) })
 }
 
 // Iallreduce starts an Allreduce.
 func Iallreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) *Request {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return c.failed(err)
+	}
 	return c.start(func() error { return allreduce(ctx, cc, tag, send, recv, op) })
 }
 
 // IreduceScatter starts a ReduceScatter.
 func IreduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, counts []int, op Op[T]) *Request {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return c.failed(err)
+	}
 	return c.start(func() error { return reduceScatter(ctx, cc, tag, send, recv, counts, op) })
 }
 
@@ -184,12 +221,18 @@ func IreduceScatterBlock[T Number](ctx context.Context, c *Comm, send, recv []T,
 
 // Iscan starts a Scan.
 func Iscan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) *Request {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return c.failed(err)
+	}
 	return c.start(func() error { return scan(ctx, cc, tag, send, recv, op) })
 }
 
 // Iexscan starts an Exscan.
 func Iexscan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) *Request {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return c.failed(err)
+	}
 	return c.start(func() error { return exscan(ctx, cc, tag, send, recv, op) })
 }

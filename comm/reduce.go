@@ -144,7 +144,10 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 	if err := c.checkRoot(root); err != nil {
 		return err
 	}
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return err
+	}
 	return reduce(ctx, cc, tag, send, recv, op, root)
 }
 
@@ -214,7 +217,10 @@ func reduce[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op
 // its start (MPI_IN_PLACE). The result is reduced at rank 0 and scattered
 // from there, which any op allows.
 func ReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, counts []int, op Op[T]) error {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return err
+	}
 	return reduceScatter(ctx, cc, tag, send, recv, counts, op)
 }
 
@@ -290,7 +296,10 @@ func blockLen[T Number](c *Comm, send, recv []T) int {
 // rank order, into every rank's recv. send may be nil: recv then holds
 // the rank's own vector (MPI_IN_PLACE).
 func Allreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return err
+	}
 	return allreduce(ctx, cc, tag, send, recv, op)
 }
 
@@ -367,7 +376,10 @@ func allreduce[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T,
 // send vectors of ranks 0 to its own (MPI_Scan). send may be nil: recv
 // then holds the rank's own vector.
 func Scan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return err
+	}
 	return scan(ctx, cc, tag, send, recv, op)
 }
 
@@ -385,7 +397,10 @@ func scan[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op O
 // is left as it was. send may be nil: recv then holds the rank's own
 // vector.
 func Exscan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return err
+	}
 	return exscan(ctx, cc, tag, send, recv, op)
 }
 

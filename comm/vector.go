@@ -74,7 +74,10 @@ func (c *Comm) Gatherv(ctx context.Context, send, recv []byte, counts, displs []
 	if err := c.checkRoot(root); err != nil {
 		return err
 	}
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return err
+	}
 	return cc.gatherv(ctx, tag, send, recv, counts, displs, root)
 }
 
@@ -121,7 +124,10 @@ func (c *Comm) Scatterv(ctx context.Context, send []byte, counts, displs []int, 
 	if err := c.checkRoot(root); err != nil {
 		return err
 	}
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return err
+	}
 	return cc.scatterv(ctx, tag, send, counts, displs, recv, root)
 }
 
@@ -162,7 +168,10 @@ func (cc *Comm) scatterBlocks(ctx context.Context, tag int, bs [][]byte, recv []
 // it, displs nil). Every rank passes the same counts and displs; send
 // holds counts[Rank()] bytes, and may be this rank's block of recv.
 func (c *Comm) Allgatherv(ctx context.Context, send, recv []byte, counts, displs []int) error {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return err
+	}
 	return cc.allgatherv(ctx, tag, send, recv, counts, displs)
 }
 
@@ -195,7 +204,10 @@ func (cc *Comm) allgatherv(ctx context.Context, tag int, send, recv []byte, coun
 // blocks one after another, filling the buffer. What rank j sends to rank
 // i must be as long as what i expects from j.
 func (c *Comm) Alltoallv(ctx context.Context, send []byte, sendCounts, sendDispls []int, recv []byte, recvCounts, recvDispls []int) error {
-	cc, tag := c.collective()
+	cc, tag, err := c.collective()
+	if err != nil {
+		return err
+	}
 	return cc.alltoallv(ctx, tag, send, sendCounts, sendDispls, recv, recvCounts, recvDispls)
 }
 

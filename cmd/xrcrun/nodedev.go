@@ -31,7 +31,10 @@ func setupDevice(ctx context.Context, spec agentSpec, node int, log *slog.Logger
 	dir, releaseDir := spec.RuntimeDir, func() {}
 	if dir != "" {
 		// The launcher's: held while the node's device and ranks use it.
-		releaseDir = holdTempDir(dir)
+		var err error
+		if releaseDir, err = holdTempDir(dir); err != nil {
+			log.Warn("runtime directory not held against sweeps", "dir", dir, "err", err)
+		}
 	} else {
 		d, remove, err := makeTempDir("xrcrun-" + spec.JobID + "-")
 		if err != nil {

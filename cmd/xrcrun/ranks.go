@@ -55,8 +55,11 @@ func (p *rankProc) signal(sig syscall.Signal, asked bool) {
 // (TestLaunchExitStatus lost rank 5's failure once in five runs so).
 func zombie(pid int) bool {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if errors.Is(err, fs.ErrNotExist) {
-		return true // reaped already: its supervisor is about to say so
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		// Reaped already (ESRCH: between the open and the read), and its
+		// supervisor is about to say so; unless there is no /proc.
+		_, serr := os.Stat("/proc/self/stat")
+		return serr == nil
 	}
 	if err != nil {
 		return false

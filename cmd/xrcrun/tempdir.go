@@ -115,18 +115,19 @@ func lockDir(dir string) (*os.File, error) {
 
 // holdTempDir takes a shared lock on dir, a temporary directory another
 // xrcrun made, so that no sweep removes it while this process uses it,
-// even once its maker is gone. It returns the func that lets it go; a
-// directory without a lock file is left as it is.
-func holdTempDir(dir string) func() {
+// even once its maker is gone. It returns the func that lets it go, and
+// why it holds nothing: a directory without a lock file (a filesystem
+// without flock), or one swept already (its maker died first).
+func holdTempDir(dir string) (func(), error) {
 	f, err := os.Open(filepath.Join(dir, lockName))
 	if err != nil {
-		return func() {}
+		return func() {}, err
 	}
-	if unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB) != nil {
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
 		f.Close()
-		return func() {}
+		return func() {}, err
 	}
-	return func() { f.Close() }
+	return func() { f.Close() }, nil
 }
 
 // sweepTempDirs removes the directories of xrcrun in root whose maker has

@@ -41,7 +41,10 @@ func TestSweepTempDirs(t *testing.T) {
 	if l, err = lockDir(held); err != nil {
 		t.Fatal(err)
 	}
-	release := holdTempDir(held)
+	release, err := holdTempDir(held)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer release()
 	l.Close()
 	mk("xrcrun-nolock")
