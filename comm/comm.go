@@ -459,13 +459,19 @@ func (c *Comm) Irecv(buf []byte, src, tag int) (*Request, error) {
 	return c.irecv(newRequest(c.e), buf, src, tag)
 }
 
-func (c *Comm) irecv(r *Request, buf []byte, src, tag int) (*Request, error) {
+// checkMatch checks the source and tag a receive or probe matches, either
+// of them a wildcard or not.
+func (c *Comm) checkMatch(src, tag int, what string) error {
 	if src != AnySource {
-		if err := c.checkPeer(src, "receive from"); err != nil {
-			return nil, err
+		if err := c.checkPeer(src, what); err != nil {
+			return err
 		}
 	}
-	if err := checkTag(tag, true); err != nil {
+	return checkTag(tag, true)
+}
+
+func (c *Comm) irecv(r *Request, buf []byte, src, tag int) (*Request, error) {
+	if err := c.checkMatch(src, tag, "receive from"); err != nil {
 		return nil, err
 	}
 	e := c.e
@@ -552,6 +558,9 @@ func (c *Comm) Iprobe(src, tag int) (bool, Status, error) {
 }
 
 func (c *Comm) peek(src, tag int) (bool, Status, error) {
+	if err := c.checkMatch(src, tag, "probe"); err != nil {
+		return false, Status{}, err
+	}
 	r := &Request{src: src, tag: tag}
 	e := c.e
 	e.mu.Lock()

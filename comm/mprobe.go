@@ -48,12 +48,7 @@ func (c *Comm) Improbe(src, tag int) (*Message, error) {
 // take removes the first message that matches src and tag from the
 // messages come before their receive, if there is one.
 func (c *Comm) take(src, tag int) (*Message, error) {
-	if src != AnySource {
-		if err := c.checkPeer(src, "probe"); err != nil {
-			return nil, err
-		}
-	}
-	if err := checkTag(tag, true); err != nil {
+	if err := c.checkMatch(src, tag, "probe"); err != nil {
 		return nil, err
 	}
 	e := c.e

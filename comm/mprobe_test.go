@@ -99,3 +99,19 @@ func TestMprobe(t *testing.T) {
 		})
 	})
 }
+
+// TestProbeBadArguments: probes of a rank or tag out of range fail at
+// once instead of waiting for a message that cannot come.
+func TestProbeBadArguments(t *testing.T) {
+	c := world(t, 2, nil)[0]
+	ctx := context.Background()
+	_, probeErr := c.Probe(ctx, 2, 0)
+	_, _, iprobeErr := c.Iprobe(0, -5)
+	_, mprobeErr := c.Mprobe(ctx, -3, 0)
+	_, improbeErr := c.Improbe(0, 1<<31)
+	for what, err := range map[string]error{"Probe": probeErr, "Iprobe": iprobeErr, "Mprobe": mprobeErr, "Improbe": improbeErr} {
+		if err == nil {
+			t.Errorf("%s with a bad rank or tag: no error", what)
+		}
+	}
+}
