@@ -49,6 +49,16 @@ func (c *Comm) collective() (*Comm, int, error) {
 	return c.collComm, tag, nil
 }
 
+// run takes c's next turn and runs body in it, in this goroutine: a
+// blocking collective.
+func (c *Comm) run(body func(cc *Comm, tag int) error) error {
+	cc, tag, err := c.collective()
+	if err != nil {
+		return err
+	}
+	return body(cc, tag)
+}
+
 // recvAll receives exactly len(buf) bytes from src.
 func (c *Comm) recvAll(ctx context.Context, what string, buf []byte, src, tag int) error {
 	st, err := c.Recv(ctx, buf, src, tag)
@@ -93,11 +103,7 @@ func (c *Comm) checkRoot(root int) error { return c.checkPeer(root, "root") }
 
 // Barrier returns once every rank of c has called it.
 func (c *Comm) Barrier(ctx context.Context) error {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return err
-	}
-	return cc.barrier(ctx, tag)
+	return c.run(func(cc *Comm, tag int) error { return cc.barrier(ctx, tag) })
 }
 
 // barrier is Barrier on the collective communicator, in the call's tag.
@@ -117,11 +123,7 @@ func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
 	if err := c.checkRoot(root); err != nil {
 		return err
 	}
-	cc, tag, err := c.collective()
-	if err != nil {
-		return err
-	}
-	return cc.bcast(ctx, tag, buf, root)
+	return c.run(func(cc *Comm, tag int) error { return cc.bcast(ctx, tag, buf, root) })
 }
 
 // bcast is Bcast on the collective communicator, in the call's tag.
@@ -196,11 +198,7 @@ func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
 // length, in rank order: rank i's at recv[i*len(send):]. recv must hold
 // Size()*len(send) bytes; send may be this rank's block of recv.
 func (c *Comm) Allgather(ctx context.Context, send, recv []byte) error {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return err
-	}
-	return cc.allgather(ctx, tag, send, recv)
+	return c.run(func(cc *Comm, tag int) error { return cc.allgather(ctx, tag, send, recv) })
 }
 
 // allgather is Allgather on the collective communicator, in the call's tag.
@@ -237,11 +235,7 @@ func rotateRight(b []byte, s int) {
 // it as block j of its recv, j the sender's rank. send and recv hold
 // Size() blocks of equal length each.
 func (c *Comm) Alltoall(ctx context.Context, send, recv []byte) error {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return err
-	}
-	return cc.alltoallBlocks(ctx, tag, send, recv)
+	return c.run(func(cc *Comm, tag int) error { return cc.alltoallBlocks(ctx, tag, send, recv) })
 }
 
 // alltoallBlocks is Alltoall on the collective communicator, in the call's tag.

@@ -22,15 +22,19 @@ import (
 // out of range completes the request at once, and Finalize completes
 // those still running with ErrFinalized.
 
-// start hands body, a collective whose turn is taken, to a worker, and
-// returns the request that its end completes.
-func (c *Comm) start(body func() error) *Request {
+// start takes c's next turn and hands body, to run in it, to a worker;
+// it returns the request that the body's end completes.
+func (c *Comm) start(body func(cc *Comm, tag int) error) *Request {
+	cc, tag, err := c.collective()
+	if err != nil {
+		return c.failed(err)
+	}
 	r := newRequest(c.e)
 	c.e.mu.Lock()
 	c.jobs++ // Free waits for them
 	c.e.mu.Unlock()
 	r.coll = &job{fn: func() {
-		err := body()
+		err := body(cc, tag)
 		c.e.mu.Lock()
 		c.jobs--
 		r.complete(Status{}, err)
@@ -93,11 +97,7 @@ func (c *Comm) failed(err error) *Request {
 
 // Ibarrier starts a Barrier.
 func (c *Comm) Ibarrier(ctx context.Context) *Request {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return c.failed(err)
-	}
-	return c.start(func() error { return cc.barrier(ctx, tag) })
+	return c.start(func(cc *Comm, tag int) error { return cc.barrier(ctx, tag) })
 }
 
 // Ibcast starts a Bcast.
@@ -105,11 +105,7 @@ func (c *Comm) Ibcast(ctx context.Context, buf []byte, root int) *Request {
 	if err := c.checkRoot(root); err != nil {
 		return c.failed(err)
 	}
-	cc, tag, err := c.collective()
-	if err != nil {
-		return c.failed(err)
-	}
-	return c.start(func() error { return cc.bcast(ctx, tag, buf, root) })
+	return c.start(func(cc *Comm, tag int) error { return cc.bcast(ctx, tag, buf, root) })
 }
 
 // Igather starts a Gather.
@@ -122,11 +118,7 @@ func (c *Comm) Igatherv(ctx context.Context, send, recv []byte, counts, displs [
 	if err := c.checkRoot(root); err != nil {
 		return c.failed(err)
 	}
-	cc, tag, err := c.collective()
-	if err != nil {
-		return c.failed(err)
-	}
-	return c.start(func() error { return cc.gatherv(ctx, tag, send, recv, counts, displs, root) })
+	return c.start(func(cc *Comm, tag int) error { return cc.gatherv(ctx, tag, send, recv, counts, displs, root) })
 }
 
 // Iscatter starts a Scatter.
@@ -139,47 +131,27 @@ func (c *Comm) Iscatterv(ctx context.Context, send []byte, counts, displs []int,
 	if err := c.checkRoot(root); err != nil {
 		return c.failed(err)
 	}
-	cc, tag, err := c.collective()
-	if err != nil {
-		return c.failed(err)
-	}
-	return c.start(func() error { return cc.scatterv(ctx, tag, send, counts, displs, recv, root) })
+	return c.start(func(cc *Comm, tag int) error { return cc.scatterv(ctx, tag, send, counts, displs, recv, root) })
 }
 
 // Iallgather starts an Allgather.
 func (c *Comm) Iallgather(ctx context.Context, send, recv []byte) *Request {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return c.failed(err)
-	}
-	return c.start(func() error { return cc.allgather(ctx, tag, send, recv) })
+	return c.start(func(cc *Comm, tag int) error { return cc.allgather(ctx, tag, send, recv) })
 }
 
 // Iallgatherv starts an Allgatherv.
 func (c *Comm) Iallgatherv(ctx context.Context, send, recv []byte, counts, displs []int) *Request {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return c.failed(err)
-	}
-	return c.start(func() error { return cc.allgatherv(ctx, tag, send, recv, counts, displs) })
+	return c.start(func(cc *Comm, tag int) error { return cc.allgatherv(ctx, tag, send, recv, counts, displs) })
 }
 
 // Ialltoall starts an Alltoall.
 func (c *Comm) Ialltoall(ctx context.Context, send, recv []byte) *Request {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return c.failed(err)
-	}
-	return c.start(func() error { return cc.alltoallBlocks(ctx, tag, send, recv) })
+	return c.start(func(cc *Comm, tag int) error { return cc.alltoallBlocks(ctx, tag, send, recv) })
 }
 
 // Ialltoallv starts an Alltoallv.
 func (c *Comm) Ialltoallv(ctx context.Context, send []byte, sendCounts, sendDispls []int, recv []byte, recvCounts, recvDispls []int) *Request {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return c.failed(err)
-	}
-	return c.start(func() error {
+	return c.start(func(cc *Comm, tag int) error {
 		return cc.alltoallv(ctx, tag, send, sendCounts, sendDispls, recv, recvCounts, recvDispls)
 	})
 }
@@ -189,29 +161,17 @@ func Ireduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], r
 	if err := c.checkRoot(root); err != nil {
 		return c.failed(err)
 	}
-	cc, tag, err := c.collective()
-	if err != nil {
-		return c.failed(err)
-	}
-	return c.start(func() error { return reduce(ctx, cc, tag, send, recv, op, root) })
+	return c.start(func(cc *Comm, tag int) error { return reduce(ctx, cc, tag, send, recv, op, root) })
 }
 
 // Iallreduce starts an Allreduce.
 func Iallreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) *Request {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return c.failed(err)
-	}
-	return c.start(func() error { return allreduce(ctx, cc, tag, send, recv, op) })
+	return c.start(func(cc *Comm, tag int) error { return allreduce(ctx, cc, tag, send, recv, op) })
 }
 
 // IreduceScatter starts a ReduceScatter.
 func IreduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, counts []int, op Op[T]) *Request {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return c.failed(err)
-	}
-	return c.start(func() error { return reduceScatter(ctx, cc, tag, send, recv, counts, op) })
+	return c.start(func(cc *Comm, tag int) error { return reduceScatter(ctx, cc, tag, send, recv, counts, op) })
 }
 
 // IreduceScatterBlock starts a ReduceScatterBlock.
@@ -221,18 +181,10 @@ func IreduceScatterBlock[T Number](ctx context.Context, c *Comm, send, recv []T,
 
 // Iscan starts a Scan.
 func Iscan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) *Request {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return c.failed(err)
-	}
-	return c.start(func() error { return scan(ctx, cc, tag, send, recv, op) })
+	return c.start(func(cc *Comm, tag int) error { return scan(ctx, cc, tag, send, recv, op) })
 }
 
 // Iexscan starts an Exscan.
 func Iexscan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) *Request {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return c.failed(err)
-	}
-	return c.start(func() error { return exscan(ctx, cc, tag, send, recv, op) })
+	return c.start(func(cc *Comm, tag int) error { return exscan(ctx, cc, tag, send, recv, op) })
 }

@@ -144,11 +144,7 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 	if err := c.checkRoot(root); err != nil {
 		return err
 	}
-	cc, tag, err := c.collective()
-	if err != nil {
-		return err
-	}
-	return reduce(ctx, cc, tag, send, recv, op, root)
+	return c.run(func(cc *Comm, tag int) error { return reduce(ctx, cc, tag, send, recv, op, root) })
 }
 
 // reduce is Reduce on the collective communicator, in the call's tag.
@@ -217,11 +213,7 @@ func reduce[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op
 // its start (MPI_IN_PLACE). The result is reduced at rank 0 and scattered
 // from there, which any op allows.
 func ReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, counts []int, op Op[T]) error {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return err
-	}
-	return reduceScatter(ctx, cc, tag, send, recv, counts, op)
+	return c.run(func(cc *Comm, tag int) error { return reduceScatter(ctx, cc, tag, send, recv, counts, op) })
 }
 
 // reduceScatter is ReduceScatter on the collective communicator, in the call's tag.
@@ -296,11 +288,7 @@ func blockLen[T Number](c *Comm, send, recv []T) int {
 // rank order, into every rank's recv. send may be nil: recv then holds
 // the rank's own vector (MPI_IN_PLACE).
 func Allreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return err
-	}
-	return allreduce(ctx, cc, tag, send, recv, op)
+	return c.run(func(cc *Comm, tag int) error { return allreduce(ctx, cc, tag, send, recv, op) })
 }
 
 // allreduce is Allreduce on the collective communicator, in the call's tag.
@@ -376,11 +364,7 @@ func allreduce[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T,
 // send vectors of ranks 0 to its own (MPI_Scan). send may be nil: recv
 // then holds the rank's own vector.
 func Scan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return err
-	}
-	return scan(ctx, cc, tag, send, recv, op)
+	return c.run(func(cc *Comm, tag int) error { return scan(ctx, cc, tag, send, recv, op) })
 }
 
 // scan is Scan on the collective communicator, in the call's tag.
@@ -397,11 +381,7 @@ func scan[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op O
 // is left as it was. send may be nil: recv then holds the rank's own
 // vector.
 func Exscan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return err
-	}
-	return exscan(ctx, cc, tag, send, recv, op)
+	return c.run(func(cc *Comm, tag int) error { return exscan(ctx, cc, tag, send, recv, op) })
 }
 
 // exscan is Exscan on the collective communicator, in the call's tag.

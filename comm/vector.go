@@ -74,11 +74,7 @@ func (c *Comm) Gatherv(ctx context.Context, send, recv []byte, counts, displs []
 	if err := c.checkRoot(root); err != nil {
 		return err
 	}
-	cc, tag, err := c.collective()
-	if err != nil {
-		return err
-	}
-	return cc.gatherv(ctx, tag, send, recv, counts, displs, root)
+	return c.run(func(cc *Comm, tag int) error { return cc.gatherv(ctx, tag, send, recv, counts, displs, root) })
 }
 
 // gatherv is Gatherv on the collective communicator, in the call's tag.
@@ -124,11 +120,7 @@ func (c *Comm) Scatterv(ctx context.Context, send []byte, counts, displs []int, 
 	if err := c.checkRoot(root); err != nil {
 		return err
 	}
-	cc, tag, err := c.collective()
-	if err != nil {
-		return err
-	}
-	return cc.scatterv(ctx, tag, send, counts, displs, recv, root)
+	return c.run(func(cc *Comm, tag int) error { return cc.scatterv(ctx, tag, send, counts, displs, recv, root) })
 }
 
 // scatterv is Scatterv on the collective communicator, in the call's tag.
@@ -168,11 +160,7 @@ func (cc *Comm) scatterBlocks(ctx context.Context, tag int, bs [][]byte, recv []
 // it, displs nil). Every rank passes the same counts and displs; send
 // holds counts[Rank()] bytes, and may be this rank's block of recv.
 func (c *Comm) Allgatherv(ctx context.Context, send, recv []byte, counts, displs []int) error {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return err
-	}
-	return cc.allgatherv(ctx, tag, send, recv, counts, displs)
+	return c.run(func(cc *Comm, tag int) error { return cc.allgatherv(ctx, tag, send, recv, counts, displs) })
 }
 
 // allgatherv is Allgatherv on the collective communicator, in the call's tag.
@@ -204,11 +192,9 @@ func (cc *Comm) allgatherv(ctx context.Context, tag int, send, recv []byte, coun
 // blocks one after another, filling the buffer. What rank j sends to rank
 // i must be as long as what i expects from j.
 func (c *Comm) Alltoallv(ctx context.Context, send []byte, sendCounts, sendDispls []int, recv []byte, recvCounts, recvDispls []int) error {
-	cc, tag, err := c.collective()
-	if err != nil {
-		return err
-	}
-	return cc.alltoallv(ctx, tag, send, sendCounts, sendDispls, recv, recvCounts, recvDispls)
+	return c.run(func(cc *Comm, tag int) error {
+		return cc.alltoallv(ctx, tag, send, sendCounts, sendDispls, recv, recvCounts, recvDispls)
+	})
 }
 
 // alltoallv is Alltoallv on the collective communicator, in the call's tag.
