@@ -244,14 +244,9 @@ func (cc *Comm) alltoallBlocks(ctx context.Context, tag int, send, recv []byte) 
 	if len(send) != len(recv) || len(send)%n != 0 {
 		return fmt.Errorf("comm: alltoall of %d bytes into %d: both must be %d equal blocks", len(send), len(recv), n)
 	}
-	counts := cc.equalCounts(len(send) / n)
-	sb, err := cc.blocks("alltoall", send, counts, nil, false)
-	if err != nil {
-		return err
+	m := len(send) / n
+	block := func(b []byte) func(r int) []byte {
+		return func(r int) []byte { return b[r*m : (r+1)*m] }
 	}
-	rb, err := cc.blocks("alltoall", recv, counts, nil, true)
-	if err != nil {
-		return err
-	}
-	return cc.alltoall(ctx, "alltoall", tag, sb, rb)
+	return cc.alltoall(ctx, "alltoall", tag, block(send), block(recv))
 }

@@ -207,21 +207,21 @@ func (cc *Comm) alltoallv(ctx context.Context, tag int, send []byte, sendCounts,
 	if err != nil {
 		return err
 	}
-	return cc.alltoall(ctx, "alltoallv", tag, sb, rb)
+	return cc.alltoall(ctx, "alltoallv", tag, func(r int) []byte { return sb[r] }, func(r int) []byte { return rb[r] })
 }
 
-// alltoall is Alltoall's and Alltoallv's pairwise exchange: in step k
-// each rank sends to the rank k above it and receives from the one k
-// below.
-func (cc *Comm) alltoall(ctx context.Context, what string, tag int, sb, rb [][]byte) error {
+// alltoall is Alltoall's and Alltoallv's pairwise exchange, of the blocks
+// sb(r) to and rb(r) from each rank r: in step k each rank sends to the
+// rank k above it and receives from the one k below.
+func (cc *Comm) alltoall(ctx context.Context, what string, tag int, sb, rb func(r int) []byte) error {
 	n, rank := cc.size, cc.rank
-	if len(sb[rank]) != len(rb[rank]) {
-		return fmt.Errorf("comm: %s: this rank sends itself %d bytes and expects %d", what, len(sb[rank]), len(rb[rank]))
+	if len(sb(rank)) != len(rb(rank)) {
+		return fmt.Errorf("comm: %s: this rank sends itself %d bytes and expects %d", what, len(sb(rank)), len(rb(rank)))
 	}
-	copy(rb[rank], sb[rank])
+	copy(rb(rank), sb(rank))
 	for k := 1; k < n; k++ {
 		dst, src := (rank+k)%n, (rank-k+n)%n
-		if err := cc.exchange(ctx, what, tag, sb[dst], dst, rb[src], src); err != nil {
+		if err := cc.exchange(ctx, what, tag, sb(dst), dst, rb(src), src); err != nil {
 			return err
 		}
 	}
