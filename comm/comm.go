@@ -558,22 +558,35 @@ func (c *Comm) Iprobe(src, tag int) (bool, Status, error) {
 }
 
 func (c *Comm) peek(src, tag int) (bool, Status, error) {
-	if err := c.checkMatch(src, tag, "probe"); err != nil {
+	m, err := c.probe(src, tag, false)
+	if m == nil || err != nil {
 		return false, Status{}, err
+	}
+	return true, m.status(), nil
+}
+
+// probe finds the first message come before its receive that matches src
+// and tag, if there is one; with take, it removes it from the matching.
+func (c *Comm) probe(src, tag int, take bool) (*inMsg, error) {
+	if err := c.checkMatch(src, tag, "probe"); err != nil {
+		return nil, err
 	}
 	r := &Request{src: src, tag: tag}
 	e := c.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err := c.usable(); err != nil {
-		return false, Status{}, err
+		return nil, err
+	}
+	if take {
+		return e.takeUnexpected(c, r), nil
 	}
 	for _, m := range e.unexpected[c.ctx] {
 		if c.matches(r, m) {
-			return true, Status{Source: int(m.h.src), Tag: int(m.h.tag), Count: int(m.h.length)}, nil
+			return m, nil
 		}
 	}
-	return false, Status{}, nil
+	return nil, nil
 }
 
 // Probe waits until a message from src with tag can be received and

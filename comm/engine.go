@@ -58,6 +58,11 @@ type engine struct {
 	fatal      func() error  // non-nil when the job is gone (abort, lost server)
 }
 
+// status is what a probe of m tells: its source, tag and length.
+func (m *inMsg) status() Status {
+	return Status{Source: int(m.h.src), Tag: int(m.h.tag), Count: int(m.h.length)}
+}
+
 // queued is a frame waiting for room in its receiver's buffers, and the
 // eager send it completes once it is out.
 type queued struct {

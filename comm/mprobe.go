@@ -48,20 +48,11 @@ func (c *Comm) Improbe(src, tag int) (*Message, error) {
 // take removes the first message that matches src and tag from the
 // messages come before their receive, if there is one.
 func (c *Comm) take(src, tag int) (*Message, error) {
-	if err := c.checkMatch(src, tag, "probe"); err != nil {
+	m, err := c.probe(src, tag, true)
+	if m == nil || err != nil {
 		return nil, err
 	}
-	e := c.e
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if err := c.usable(); err != nil {
-		return nil, err
-	}
-	m := e.takeUnexpected(c, &Request{src: src, tag: tag})
-	if m == nil {
-		return nil, nil
-	}
-	return &Message{c: c, m: m, st: Status{Source: int(m.h.src), Tag: int(m.h.tag), Count: int(m.h.length)}}, nil
+	return &Message{c: c, m: m, st: m.status()}, nil
 }
 
 // Irecv starts receiving the message into buf (MPI_Imrecv); a message
