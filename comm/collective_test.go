@@ -577,6 +577,21 @@ func TestCollectiveSizeMismatch(t *testing.T) {
 // BenchmarkAllreduce sums vectors of float64s over 2 ranks of one node,
 // goroutines of this process (bench/coll measures ranks as processes).
 func BenchmarkAllreduce(b *testing.B) {
+	benchAllreduce(b, func(ctx context.Context, c *Comm, send, recv []float64) error {
+		return Allreduce(ctx, c, send, recv, Sum)
+	})
+}
+
+// BenchmarkIallreduce is BenchmarkAllreduce with an Iallreduce and its
+// Wait: what a non-blocking collective's hand-off costs.
+func BenchmarkIallreduce(b *testing.B) {
+	benchAllreduce(b, func(ctx context.Context, c *Comm, send, recv []float64) error {
+		_, err := Iallreduce(ctx, c, send, recv, Sum).Wait(ctx)
+		return err
+	})
+}
+
+func benchAllreduce(b *testing.B, call func(ctx context.Context, c *Comm, send, recv []float64) error) {
 	comms := world(b, 2, nil)
 	for _, size := range []int{8, 1024, 1 << 20} {
 		b.Run(fmt.Sprint(size), func(b *testing.B) {
@@ -587,7 +602,7 @@ func BenchmarkAllreduce(b *testing.B) {
 			ctx := context.Background()
 			go func() {
 				for range b.N {
-					if err := Allreduce(ctx, comms[1], vecs[1], outs[1], Sum); err != nil {
+					if err := call(ctx, comms[1], vecs[1], outs[1]); err != nil {
 						done <- err
 						return
 					}
@@ -595,7 +610,7 @@ func BenchmarkAllreduce(b *testing.B) {
 				done <- nil
 			}()
 			for range b.N {
-				if err := Allreduce(ctx, comms[0], vecs[0], outs[0], Sum); err != nil {
+				if err := call(ctx, comms[0], vecs[0], outs[0]); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -210,7 +210,7 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 		comms: map[uint32]*Comm{}, posted: map[uint32][]*Request{}, unexpected: map[uint32][]*inMsg{},
 		arrived: make(chan struct{}), sends: map[uint64]*Request{}, pulls: map[uint64]*Request{}, pushes: map[pushKey]*pushIn{},
 		backlog: map[int][]queued{}, token: make(chan struct{}, 1), spin: cfg.Spin, yield: cfg.Yield,
-		work: make(chan *job), finished: make(chan struct{}),
+		work: make(chan *job), finished: make(chan struct{}), handOffDelay: handOffDelay,
 		eagerMax: min(cfg.EagerLimit, sh.MaxEager()-hdrLen),
 	}
 	for i, m := range members {
@@ -326,6 +326,9 @@ func (c *Comm) Finalize(ctx context.Context) error {
 		return ErrFinalized
 	}
 	e.finalizing = true
+	if e.handOffTimer != nil {
+		e.handOffTimer.Stop()
+	}
 	e.mu.Unlock()
 	var err, berr error
 	bdone := make(chan struct{})

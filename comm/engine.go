@@ -44,18 +44,23 @@ type engine struct {
 	backlog    map[int][]queued // frames to a rank that did not fit yet, in order
 	bad        uint64           // malformed or impossible frames received
 
-	hdr        [hdrLen]byte  // scratch for a frame's header, under the lock
-	parts      [2][]byte     // scratch for a frame's parts in send, under the lock
-	token      chan struct{} // held by the goroutine driving progress
-	eagerMax   int           // largest payload sent eagerly
-	spin       time.Duration // how long a driver polls before it sleeps
-	yield      time.Duration // with spin < 0: how long it polls, yielding its CPU, before it sleeps
-	counted    bool          // in engines: from Init to Finalize
-	finalizing bool          // Finalize has begun: another call of it fails
-	closed     bool          // Finalize closed the transports: every call fails with ErrFinalized
-	work       chan *job     // to an idle worker of the non-blocking collectives
-	finished   chan struct{} // closed by Finalize: the workers end
-	fatal      func() error  // non-nil when the job is gone (abort, lost server)
+	hdr          [hdrLen]byte  // scratch for a frame's header, under the lock
+	parts        [2][]byte     // scratch for a frame's parts in send, under the lock
+	token        chan struct{} // held by the goroutine driving progress
+	eagerMax     int           // largest payload sent eagerly
+	spin         time.Duration // how long a driver polls before it sleeps
+	yield        time.Duration // with spin < 0: how long it polls, yielding its CPU, before it sleeps
+	counted      bool          // in engines: from Init to Finalize
+	finalizing   bool          // Finalize has begun: another call of it fails
+	closed       bool          // Finalize closed the transports: every call fails with ErrFinalized
+	work         chan *job     // to an idle worker of the non-blocking collectives
+	deferred     []*job        // small non-blocking collectives not yet run nor handed to a worker
+	ndeferred    atomic.Int32  // len(deferred), read without the lock
+	handOffTimer *time.Timer   // hands the deferred ones to workers
+	handOffArmed bool          // the timer will fire
+	handOffDelay time.Duration // how long the timer waits (handOffDelay)
+	finished     chan struct{} // closed by Finalize: the workers end
+	fatal        func() error  // non-nil when the job is gone (abort, lost server)
 }
 
 // status is what a probe of m tells: its source, tag and length.
@@ -191,6 +196,9 @@ func (e *engine) await(ctx context.Context, cond func() bool, chans func() []<-c
 	for !cond() {
 		if err := e.fatal(); err != nil {
 			return err
+		}
+		if e.ndeferred.Load() != 0 {
+			e.handOff() // what this waits for may need them
 		}
 		select {
 		case e.token <- struct{}{}: // nobody drives: this goroutine does

@@ -136,13 +136,19 @@ func TestNonblockingCollectives(t *testing.T) {
 // TestNonblockingProgress: a rank's Iallreduce returns before the others
 // have started theirs; the rank then does nothing with comm, and still
 // the others' blocking Allreduce finishes, which needs this rank to pull
-// their vectors and take the result: the collective's goroutine
-// progresses on its own.
+// their vectors and take the result: the collective's worker progresses
+// on its own. A large Iallreduce goes to the worker at once, a small one
+// when the hand-off timer fires.
 func TestNonblockingProgress(t *testing.T) {
+	for _, elems := range []int{8, 5000} {
+		t.Run(fmt.Sprint(elems*8), func(t *testing.T) { testNonblockingProgress(t, elems) })
+	}
+}
+
+func testNonblockingProgress(t *testing.T, elems int) {
 	comms := world(t, 3, nil)
 	started := make(chan struct{})
 	othersDone := make(chan struct{}, 2)
-	const elems = 5000
 	each(t, comms, func(ctx context.Context, c *Comm) error {
 		send := make([]int64, elems)
 		for i := range send {
@@ -186,6 +192,88 @@ func TestNonblockingProgress(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestDeferredHandOff: with the hand-off timer out of the way, a small
+// collective that rank 0 starts and does not Wait for with a context that
+// cannot end goes to a worker when rank 0 tests it, waits for something
+// else, waits for it in other ways, or finalizes. Rank 1's Barrier can
+// end only then.
+func TestDeferredHandOff(t *testing.T) {
+	cases := map[string]func(ctx context.Context, c *Comm, r *Request) error{
+		"test": func(ctx context.Context, c *Comm, r *Request) error {
+			for {
+				done, _, err := r.Test()
+				if done || err != nil {
+					return err
+				}
+				if ctx.Err() != nil {
+					return fmt.Errorf("tested: %w", ctx.Err())
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+		},
+		"testall": func(ctx context.Context, c *Comm, r *Request) error {
+			for !Testall(r) {
+				if ctx.Err() != nil {
+					return fmt.Errorf("tested: %w", ctx.Err())
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+			_, err := r.Wait(ctx)
+			return err
+		},
+		"waitany": func(ctx context.Context, c *Comm, r *Request) error {
+			_, _, err := Waitany(ctx, r)
+			return err
+		},
+		"wait that can end": func(ctx context.Context, c *Comm, r *Request) error {
+			_, err := r.Wait(ctx)
+			return err
+		},
+		"recv": func(ctx context.Context, c *Comm, r *Request) error {
+			// Rank 1 sends only after its Barrier.
+			if _, err := c.Recv(ctx, make([]byte, 1), 1, 0); err != nil {
+				return err
+			}
+			_, err := r.Wait(ctx)
+			return err
+		},
+		"finalize": func(ctx context.Context, c *Comm, r *Request) error {
+			if err := c.Finalize(ctx); err != nil {
+				return err
+			}
+			if !r.isDone() {
+				return errors.New("finalized with the Ibarrier not done")
+			}
+			return nil
+		},
+	}
+	for name, wait := range cases {
+		t.Run(name, func(t *testing.T) {
+			comms := world(t, 2, nil)
+			for _, c := range comms {
+				c.e.handOffDelay = time.Hour
+			}
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				defer cancel()
+				if c.Rank() == 0 {
+					return wait(ctx, c, c.Ibarrier(context.Background()))
+				}
+				if err := c.Barrier(ctx); err != nil {
+					return fmt.Errorf("rank 0 never took its part: %w", err)
+				}
+				switch name {
+				case "finalize":
+					return c.Finalize(ctx)
+				case "recv":
+					return c.Send(ctx, []byte{1}, 0, 0)
+				}
+				return nil
+			})
+		})
+	}
 }
 
 // TestNonblockingErrors: a root out of range completes the request at

@@ -43,7 +43,8 @@ var ErrCanceled = errors.New("comm: receive canceled")
 type Request struct {
 	e      *engine
 	pooled bool // made by a blocking call, recycled when it returns
-	coll   *job // a non-blocking collective's body, which a worker runs, or Wait
+	coll   *job // a non-blocking collective's body (cj), which a worker runs, or Wait
+	cj     job
 	done   atomic.Bool
 	ch     chan struct{} // closed at completion; made only for a goroutine that blocks on it, under the engine's lock
 	st     Status
@@ -142,16 +143,20 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 // waitColl waits for a non-blocking collective. If ctx cannot end and no
 // worker has taken its body yet, this goroutine runs it, as the blocking
 // call would (the body heeds only the context the collective was started
-// with, so a Wait whose ctx can end leaves it to the worker). Otherwise it
+// with, so a Wait whose ctx can end hands it to a worker). Otherwise it
 // waits without driving progress: the worker does, and this goroutine
 // would only take turns with it, each turn a thread's wake-up (an 8-byte
 // Iallreduce of two ranks took 60 to 70 µs so, against 1 µs for
 // Allreduce).
 func (r *Request) waitColl(ctx context.Context) (Status, error) {
 	if ctx.Done() == nil && r.coll.claim() {
+		r.e.mu.Lock()
+		r.e.undefer(r.coll)
+		r.e.mu.Unlock()
 		r.coll.do()
 		return r.st, r.err
 	}
+	r.e.handOffFor(r)
 	r.e.mu.Lock()
 	ch := r.doneChan()
 	r.e.mu.Unlock()
@@ -188,13 +193,15 @@ func (r *Request) Cancel() bool {
 }
 
 // Test progresses once and reports whether the request is complete, with
-// its status if so. For a non-blocking collective it yields the processor
-// instead, so that the collective's worker runs even where it shares this
-// goroutine's (GOMAXPROCS=1): a loop of Tests does not starve it.
+// its status if so. For a non-blocking collective it hands the collective
+// to a worker if it was deferred (nonblocking.go) and yields the processor
+// instead, so that the worker runs even where it shares this goroutine's
+// (GOMAXPROCS=1): a loop of Tests does not starve it.
 func (r *Request) Test() (bool, Status, error) {
 	switch {
 	case r.isDone():
 	case r.coll != nil:
+		r.e.handOffFor(r)
 		runtime.Gosched()
 	default:
 		r.e.progressOnce()
@@ -252,6 +259,7 @@ func Waitany(ctx context.Context, reqs ...*Request) (int, Status, error) {
 // Testall progresses once and reports whether all reqs are complete.
 func Testall(reqs ...*Request) bool {
 	if len(reqs) > 0 {
+		reqs[0].e.handOffFor(reqs...)
 		reqs[0].e.progressOnce()
 	}
 	for _, r := range reqs {
