@@ -24,6 +24,10 @@ func (c *Client) AllGather(ctx context.Context, rec []byte) ([][]byte, error) {
 		return [][]byte{append([]byte{}, rec...)}, nil
 	}
 	r, err := c.collective(ctx, kindAllGather, rec)
+	if err == nil && len(r.recs) != c.size {
+		err = protoErr("malformed", "%d records for %d ranks", len(r.recs), c.size)
+		c.fail(err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: allgather: %w", err)
 	}
@@ -39,7 +43,12 @@ func (c *Client) Barrier(ctx context.Context) error {
 		}
 		return nil
 	}
-	if _, err := c.collective(ctx, kindBarrier, nil); err != nil {
+	r, err := c.collective(ctx, kindBarrier, nil)
+	if err == nil && r.recs != nil {
+		err = protoErr("malformed", "%d records for a barrier", len(r.recs))
+		c.fail(err)
+	}
+	if err != nil {
 		return fmt.Errorf("bootstrap: barrier: %w", err)
 	}
 	return nil

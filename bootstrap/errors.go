@@ -8,7 +8,9 @@ import (
 // Errors that returned errors wrap; match them with errors.Is.
 var (
 	// ErrAborted: the job was aborted by a rank, by the launcher, or
-	// because a rank was lost. The error is an *AbortError.
+	// because a rank was lost. The error is an *AbortError, except for a
+	// Join that the server refused because the job was aborted before:
+	// that one carries the server's description only.
 	ErrAborted = errors.New("bootstrap: job aborted")
 	// ErrAuth: the peer did not prove that it holds the job's key (a
 	// client with a wrong key, or a server that is not the job's).

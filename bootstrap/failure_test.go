@@ -96,6 +96,9 @@ func TestServerAbort(t *testing.T) {
 	if !errors.Is(err, ErrAborted) {
 		t.Fatalf("Join after an abort: %v", err)
 	}
+	if msg := err.Error(); strings.Count(msg, "job aborted") != 2 || !strings.Contains(msg, "before this rank joined") || !strings.Contains(msg, "early") {
+		t.Fatalf("Join after an abort says %q", msg)
+	}
 }
 
 func TestRankLost(t *testing.T) {

@@ -44,7 +44,7 @@ func rejectError(m *msgReject) error {
 	case rejectRegister:
 		return fmt.Errorf("%w: %s", ErrRejected, m.Text)
 	case rejectAborted:
-		return fmt.Errorf("%w: %s", ErrAborted, m.Text)
+		return fmt.Errorf("%w before this rank joined (the server says: %s)", ErrAborted, m.Text)
 	}
 	return fmt.Errorf("%w: the server says: %s", ErrProtocol, m.Text)
 }

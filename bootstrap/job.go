@@ -23,6 +23,11 @@ func (s *Server) handle(c *sconn, t msgType, p []byte) error {
 	if c.left {
 		return protoErr("unexpected", "a %v message after leave", t)
 	}
+	if int(s.joined.Load()) < s.size {
+		// A client sends nothing before the member table, which comes
+		// once every rank has joined.
+		return protoErr("unexpected", "a %v message before every rank joined", t)
+	}
 	switch m := m.(type) {
 	case *msgGather:
 		return s.gatherLocked(c, m)

@@ -13,6 +13,7 @@ type serverMetrics struct {
 	badMessages  *prometheus.CounterVec // by reason
 	rejected     prometheus.Counter
 	refused      prometheus.Counter
+	acceptErrors prometheus.Counter
 	aborts       prometheus.Counter
 	bytesIn      prometheus.Counter
 	bytesOut     prometheus.Counter
@@ -28,6 +29,7 @@ func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
 		authFailures: c("auth_failures_total", "Connections that failed to prove the job key."),
 		rejected:     c("rejected_total", "Registrations refused (rank out of range, duplicate, size mismatch)."),
 		refused:      c("refused_connections_total", "Connections closed at once because too many were in their handshake."),
+		acceptErrors: c("accept_errors_total", "Accepts that failed for a while (out of descriptors or buffers) and were retried."),
 		aborts:       c("aborts_total", "Jobs aborted."),
 		bytesIn:      c("received_bytes_total", "Bytes of frames received."),
 		bytesOut:     c("sent_bytes_total", "Bytes of frames sent."),

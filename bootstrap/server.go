@@ -9,8 +9,10 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -133,6 +135,7 @@ func (s *Server) Joined() int { return int(s.joined.Load()) }
 func (s *Server) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { s.Close() })
 	defer stop()
+	backoff := 5 * time.Millisecond
 	for {
 		nc, err := s.ln.Accept()
 		if err != nil {
@@ -153,9 +156,22 @@ func (s *Server) Serve(ctx context.Context) error {
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
+			if acceptRetry(err) {
+				// Out of descriptors or buffers, perhaps for a moment:
+				// the ranks already in must not lose their server.
+				s.m.acceptErrors.Inc()
+				s.log.Warn("bootstrap: accept failed; retrying", "err", err, "in", backoff)
+				select {
+				case <-time.After(backoff):
+				case <-s.closed:
+				}
+				backoff = min(2*backoff, time.Second)
+				continue
+			}
 			s.Close()
 			return fmt.Errorf("bootstrap: accept: %w", err)
 		}
+		backoff = 5 * time.Millisecond
 		c := newSconn(nc, s.m)
 		s.mu.Lock()
 		select {
@@ -295,7 +311,7 @@ func (s *Server) register(c *sconn, r *msgRegister) error {
 	rank := int(r.Rank)
 	switch {
 	case s.abort != nil:
-		return reject(rejectAborted, "%v", s.abort)
+		return reject(rejectAborted, "%s", strings.TrimPrefix(s.abort.Error(), "bootstrap: "))
 	case int(r.Size) != s.size:
 		return reject(rejectRegister, "rank %d says the job has %d ranks; it has %d", rank, r.Size, s.size)
 	case rank >= s.size:
@@ -323,4 +339,12 @@ func (s *Server) register(c *sconn, r *msgRegister) error {
 		s.log.Info("bootstrap: every rank joined", "size", s.size)
 	}
 	return nil
+}
+
+// acceptRetry reports whether an accept error may pass: the process or
+// system is out of descriptors or buffers, or a connection was aborted
+// before it was taken.
+func acceptRetry(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ECONNABORTED)
 }

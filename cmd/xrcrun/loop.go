@@ -134,7 +134,6 @@ func (j *job) message(node int, m message) {
 		if !j.validRank(node, m.Rank) || j.rankDone[m.Rank] {
 			return
 		}
-		j.out.flush(m.Rank)
 		if (m.Code != 0 || m.Signal != 0) && !m.Terminated {
 			j.failures = append(j.failures, rankFailure{Rank: m.Rank, Node: node, Host: j.hostOf(node),
 				Code: m.Code, Signal: m.Signal, Detail: m.Err, Time: m.Time})
@@ -153,6 +152,7 @@ func (j *job) validRank(node, rank int) bool {
 
 func (j *job) rankEnded(r int) {
 	if !j.rankDone[r] {
+		j.out.flush(r) // a last line without its newline
 		j.rankDone[r] = true
 		j.done++
 	}

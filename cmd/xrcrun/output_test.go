@@ -2,8 +2,11 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestOutputLines(t *testing.T) {
@@ -63,5 +66,26 @@ func TestStatusLine(t *testing.T) {
 	s.update("j", 2, 2, 4, 3, 4)
 	if b.Len() != 0 {
 		t.Errorf("drawn after every rank joined: %q", b.String())
+	}
+}
+
+// TestLostNodeFlushesOutput: a rank's last line without its newline is
+// held until the rank ends. When the rank's node is lost, the rank ends
+// without an exit message, and that line must come out all the same.
+func TestLostNodeFlushesOutput(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	j := &job{cfg: &launchConfig{grace: time.Second}, log: slog.New(slog.DiscardHandler), stdout: &stdout, stderr: &stderr}
+	j.place = placement{Nodes: []node{{}}, Ranks: [][]int{{0}}, Node: []int{0}}
+	j.conns = make([]*ctrlConn, 1)
+	j.rankDone = make([]bool, 1)
+	j.status = newStatusLine(&stderr)
+	j.out = newOutput(&stdout, &stderr, false, j.status.clear)
+	j.handle(event{kind: evMessage, node: 0, msg: message{T: msgOut, Rank: 0, Stream: 1, Data: []byte("last words")}})
+	j.handle(event{kind: evGone, node: 0, err: errors.New("EOF")})
+	if j.done != 1 {
+		t.Fatalf("the lost node's rank did not end: %d ended", j.done)
+	}
+	if stdout.String() != "last words\n" {
+		t.Fatalf("stdout %q, want the lost rank's last line", stdout.String())
 	}
 }

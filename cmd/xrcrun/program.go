@@ -63,6 +63,9 @@ func buildProgram(ctx context.Context, pkg string, stderr io.Writer) (string, fu
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	if err := cmd.Run(); err != nil {
 		cleanup()
+		if cerr := context.Cause(ctx); cerr != nil {
+			err = cerr // a signal or the timeout ended the build: its exit status
+		}
 		return "", nil, fmt.Errorf("build %s: %w", pkg, err)
 	}
 	return out, cleanup, nil

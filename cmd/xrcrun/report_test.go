@@ -1,7 +1,10 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"io"
+	"syscall"
 	"testing"
 )
 
@@ -29,5 +32,17 @@ func TestFailureReport(t *testing.T) {
 	}
 	if s := (rankFailure{Code: 300}).status(); s != 1 {
 		t.Errorf("status of exit code 300: %d", s)
+	}
+}
+
+// TestBuildInterrupted: a signal while xrcrun builds the program's
+// package gives the signal's exit status, as at any other time (it gave 1).
+func TestBuildInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(signalCause{syscall.SIGINT})
+	_, _, err := buildProgram(ctx, "./testdata/rank", io.Discard)
+	var st interface{ ExitStatus() int }
+	if !errors.As(err, &st) || st.ExitStatus() != 130 {
+		t.Fatalf("build interrupted by SIGINT: %v", err)
 	}
 }
