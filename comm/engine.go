@@ -120,10 +120,12 @@ func (e *engine) trySend(tr transport.Transport, dst int, hdr, body []byte) (boo
 }
 
 // flush sends what the backlog holds, in order, as far as the receivers
-// have room. The lock is held.
-func (e *engine) flush() (int, error) {
+// have room. A rank that can no longer be sent to (its connection failed)
+// fails the sends queued for it, and only those: the other ranks' traffic
+// goes on. The lock is held.
+func (e *engine) flush() int {
 	if len(e.backlog) == 0 {
-		return 0, nil
+		return 0
 	}
 	n := 0
 	for dst, qs := range e.backlog {
@@ -131,7 +133,10 @@ func (e *engine) flush() (int, error) {
 		for len(qs) > 0 {
 			ok, err := e.trySend(tr, dst, qs[0].f, nil)
 			if err != nil {
-				return n, err
+				e.dropBacklog(dst, qs, err)
+				qs = nil
+				n++
+				break
 			}
 			if !ok {
 				break
@@ -149,7 +154,25 @@ func (e *engine) flush() (int, error) {
 			e.backlog[dst] = qs
 		}
 	}
-	return n, nil
+	return n
+}
+
+// dropBacklog fails the frames queued for dst, which cannot be sent:
+// their requests complete with err, and frames of no request (a
+// rendezvous' finish, a collective's part) are logged. The lock is held.
+func (e *engine) dropBacklog(dst int, qs []queued, err error) {
+	lost := 0
+	for _, q := range qs {
+		if q.r != nil && !q.r.isDone() {
+			q.r.complete(Status{}, err)
+		} else if q.r == nil {
+			lost++
+		}
+	}
+	if lost > 0 {
+		e.log.Error("comm: frames to a rank that cannot be reached dropped", "rank", dst, "frames", lost, "err", err)
+	}
+	delete(e.backlog, dst)
 }
 
 // progress runs every transport once. The lock is held.
@@ -157,10 +180,7 @@ func (e *engine) progress() (int, error) {
 	if e.closed {
 		return 0, ErrFinalized
 	}
-	n, err := e.flush()
-	if err != nil {
-		return n, err
-	}
+	n := e.flush()
 	for _, tr := range e.trs {
 		k, err := tr.Progress(e)
 		n += k

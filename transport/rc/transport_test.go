@@ -430,3 +430,10 @@ func TestPeerFails(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestAfterClose: a closed transport refuses every call; TrySend used to
+// copy into the send buffers Close had unmapped, and crash the process.
+func TestAfterClose(t *testing.T) {
+	ends := job(t, twoDevices(t), nil)
+	transporttest.AfterClose(t, ends[0].Tr, 1)
+}

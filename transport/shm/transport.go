@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 
@@ -43,6 +44,7 @@ type Transport struct {
 	pid     map[int]int     // by rank: the pid whose memory its Remotes name
 	senders []int           // rank of each ring of the inbox, by local rank; -1 until connected
 	done    []readDone      // completions of Reads, for the next Progress
+	closed  bool
 }
 
 type readDone struct {
@@ -138,6 +140,9 @@ func (t *Transport) MaxEager() int { return t.cfg.RingData/4 - frameHdr }
 
 // TrySend writes a frame into rank's inbox and wakes it if it sleeps.
 func (t *Transport) TrySend(rank int, parts ...[]byte) (bool, error) {
+	if t.closed {
+		return false, fmt.Errorf("shm: %w", net.ErrClosed)
+	}
 	o := t.out[rank]
 	if o == nil {
 		return false, fmt.Errorf("%w: rank %d", transport.ErrUnreachable, rank)
@@ -150,6 +155,9 @@ const remoteLen = 20
 
 // Expose describes buf for a peer's Read: its address in this process.
 func (t *Transport) Expose(buf []byte) (transport.Remote, error) {
+	if t.closed {
+		return nil, fmt.Errorf("shm: %w", net.ErrClosed)
+	}
 	r := make([]byte, 0, remoteLen)
 	r = binary.LittleEndian.AppendUint32(r, uint32(os.Getpid()))
 	r = binary.LittleEndian.AppendUint64(r, uint64(unix.AddrOf(buf)))
@@ -164,6 +172,9 @@ func (t *Transport) Unexpose(transport.Remote) error { return nil }
 // Read pulls len(dst) bytes of src, which rank exposed, with one copy.
 // The completion is reported by the next Progress.
 func (t *Transport) Read(rank int, dst []byte, src transport.Remote, cookie uint64) error {
+	if t.closed {
+		return fmt.Errorf("shm: %w", net.ErrClosed)
+	}
 	pid, ok := t.pid[rank]
 	if !ok {
 		return fmt.Errorf("%w: rank %d", transport.ErrUnreachable, rank)
@@ -189,6 +200,9 @@ const progressBatch = 32
 // Progress delivers the frames waiting in the inbox, each ring in turn,
 // and the completed Reads. A corrupt ring is an error naming its sender.
 func (t *Transport) Progress(h transport.Handler) (int, error) {
+	if t.closed {
+		return 0, fmt.Errorf("shm: %w", net.ErrClosed)
+	}
 	n := 0
 	for _, d := range t.done {
 		h.ReadDone(d.cookie, d.err)
@@ -226,6 +240,10 @@ func (t *Transport) Progress(h transport.Handler) (int, error) {
 
 // Close unmaps the peers' inboxes and removes this rank's.
 func (t *Transport) Close() error {
+	if t.closed {
+		return nil
+	}
+	t.closed = true
 	var errs []error
 	for _, o := range t.out {
 		errs = append(errs, o.Close())

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/xrcrun/xrc/transport"
+	"github.com/xrcrun/xrc/transport/internal/transporttest"
 )
 
 // collector is a Handler that keeps copies of what it is given.
@@ -161,4 +162,11 @@ func TestTransportCorruptRing(t *testing.T) {
 	if _, err := ts[0].Progress(c); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("progress over a corrupt ring: %v", err)
 	}
+}
+
+// TestAfterClose: a closed transport refuses every call; Progress used to
+// index the rings Close had let go.
+func TestAfterClose(t *testing.T) {
+	ts := node(t, 2)
+	transporttest.AfterClose(t, ts[0], 1)
 }

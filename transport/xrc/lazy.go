@@ -204,11 +204,12 @@ func (l *lazy) do(p *peer, a action) error {
 	t, n := l.t, p.node
 	switch a.kind {
 	case actRequest:
-		if p.known || t.tgts[p.Rank] != nil {
+		if p.requested || p.known || t.tgts[p.Rank] != nil {
 			t.m.Bad.Inc()
 			t.log.Warn("lazy connect: a second request", "from", p.Rank)
 			return nil
 		}
+		p.requested = true
 		t.e.Go(func() { l.claim(a.m) })
 		// Frames from p need credits returned: ask p in turn.
 		return l.start(p)

@@ -3,7 +3,11 @@ package xrc
 import (
 	"bytes"
 	"testing"
+	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/transport/internal/transporttest"
 )
@@ -104,4 +108,71 @@ func TestLazy(t *testing.T) {
 			t.Errorf("node %d after all-to-all: %+v, want what eager connection makes", node, o)
 		}
 	}
+}
+
+// TestLazySecondRequest: a second connection request from a rank (here
+// with another PSN, as a confused or malicious peer sends) is refused and
+// counted, whenever it comes. Two requests that came together used to
+// claim and create a TGT QP each: the first leaked, and publishing the
+// second failed the node's INI QP.
+func TestLazySecondRequest(t *testing.T) {
+	cs := clients(t, twoByTwo)
+	j := job(t, twoByTwo, false, softhca.Faults{}, func(c *Config) { c.Lazy, c.Bootstrap = true, cs[c.Rank] })
+	ends := j.ends
+	sent, err := ends[0].Tr.TrySend(1, []byte("x")) // asks for the connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rank 1 takes both requests in one Progress: the second one after
+	// the first one.
+	queued := func(n int) {
+		l := ends[1].Tr.lz
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+			l.mu.Lock()
+			k := len(l.acts)
+			l.mu.Unlock()
+			if k >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d messages in rank 1's mailbox", k, n)
+			}
+		}
+	}
+	queued(1)
+	ini := ends[0].Tr.nodes[0].ini
+	dup := message{kind: msgRequest, rank: 0, qpn: ini.QP.Num(), psn: (ini.PSN + 1) & (1<<24 - 1)}
+	if err := ends[0].Tr.lz.mbox.Put(t.Context(), 1, dup.encode()); err != nil {
+		t.Fatal(err)
+	}
+	queued(2)
+	progress(t, ends, func() bool {
+		if !sent {
+			if sent, err = ends[0].Tr.TrySend(1, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return len(ends[1].H.Frames[0]) == 1 && counterValue(ends[1].Tr.m.Bad) == 1
+	})
+	if err := ends[1].Tr.nodes[0].ini.Err(); err != nil {
+		t.Fatalf("rank 1's INI QP toward node 0 failed: %v", err)
+	}
+	for _, e := range ends {
+		if err := e.Tr.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for n, d := range j.devs {
+		if o := d.Objects(); o.QPs != 0 {
+			t.Errorf("node %d after every rank closed its transport: %d QPs left", n, o.QPs)
+		}
+	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
 }

@@ -25,9 +25,10 @@ type peer struct {
 	// peer's mailbox; Acked (verbsx.Peer) that the peer replied (it
 	// knows the TGT QP of this rank's INI QP on its node, so frames may
 	// go); known that the TGT QP of the peer's INI QP on this node is
-	// known here (frames from it can be told apart). With eager
-	// connection all are set at Connect.
-	asked, known bool
+	// known here (frames from it can be told apart); requested that its
+	// request came (a second one is refused). With eager connection
+	// asked and known are set at Connect.
+	asked, known, requested bool
 }
 
 func newPeer(rank int, n *node) *peer {

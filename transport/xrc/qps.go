@@ -32,6 +32,9 @@ func (t *Transport) connectINI(n *node, tgt uint32, gid verbs.GID, mtu verbs.MTU
 // createTGT creates, in the node's domain, the TGT QP for the INI QP of
 // rank toward this node, and takes it to INIT.
 func (t *Transport) createTGT(rank int) (*tgt, error) {
+	if t.tgts[rank] != nil {
+		return nil, fmt.Errorf("xrc: a second TGT QP for rank %d", rank)
+	}
 	defer t.e.Timed(time.Now())
 	qp, err := t.xrcd.CreateTgtQP()
 	if err != nil {
@@ -62,6 +65,9 @@ func (t *Transport) connectTGT(g *tgt, p *peer, ini, psn uint32) error {
 // openTGT opens the TGT QP num, which another rank of the node created
 // for the INI QP of p, and learns it.
 func (t *Transport) openTGT(p *peer, num uint32) error {
+	if t.tgts[p.Rank] != nil {
+		return fmt.Errorf("xrc: a second TGT QP for rank %d", p.Rank)
+	}
 	defer t.e.Timed(time.Now())
 	qp, err := t.xrcd.OpenQP(num)
 	if err != nil {

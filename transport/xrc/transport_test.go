@@ -322,3 +322,10 @@ func TestReadNamesSRQ(t *testing.T) {
 		t.Error("the INI QP failed, yet a send toward its node was taken")
 	}
 }
+
+// TestAfterClose: a closed transport refuses every call (rc's
+// TestAfterClose).
+func TestAfterClose(t *testing.T) {
+	j := job(t, []int{0, 1}, false, softhca.Faults{}, nil)
+	transporttest.AfterClose(t, j.ends[0].Tr, 1)
+}

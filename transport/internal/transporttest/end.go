@@ -2,6 +2,8 @@ package transporttest
 
 import (
 	"context"
+	"errors"
+	"net"
 	"testing"
 	"time"
 
@@ -107,5 +109,31 @@ func Progress[T Progresser](t testing.TB, ends []*End[T], cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatal("no progress for 3 minutes")
 		}
+	}
+}
+
+// AfterClose checks that tr, closed, refuses every call with an error that
+// matches net.ErrClosed, touching none of the memory Close freed. peer is
+// a rank it reached.
+func AfterClose(t testing.TB, tr transport.Transport, peer int) {
+	t.Helper()
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Close(); err != nil {
+		t.Errorf("a second Close: %v", err)
+	}
+	h := NewHandler()
+	if _, err := tr.Progress(h); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Progress after Close: %v", err)
+	}
+	if _, err := tr.TrySend(peer, make([]byte, 100)); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("TrySend after Close: %v", err)
+	}
+	if _, err := tr.Expose(make([]byte, 100)); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Expose after Close: %v", err)
+	}
+	if err := tr.Read(peer, make([]byte, 100), make(transport.Remote, 32), 1); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Read after Close: %v", err)
 	}
 }

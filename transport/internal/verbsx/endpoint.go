@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -127,6 +128,12 @@ func (e *Endpoint) Run() context.Context {
 
 // Go runs f in a goroutine that Close waits for.
 func (e *Endpoint) Go(f func()) { e.wg.Go(f) }
+
+// errClosed is the error of a call after Close: the QPs and buffers are
+// gone.
+func (e *Endpoint) errClosed(call string) error {
+	return fmt.Errorf("%s: %s after close: %w", e.name, call, net.ErrClosed)
+}
 
 // Close ends the context of Run (if Run was called), waits for the
 // goroutines and, the first time, calls teardown, which frees what the

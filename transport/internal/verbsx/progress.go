@@ -15,7 +15,7 @@ import (
 // TrySend and Read. It returns how many frames and reads it delivered.
 func (e *Endpoint) Progress(h transport.Handler) (int, error) {
 	if e.stopped {
-		return 0, fmt.Errorf("%s: progress after close", e.name)
+		return 0, e.errClosed("progress")
 	}
 	if e.Lazy != nil {
 		e.Lazy.Apply()

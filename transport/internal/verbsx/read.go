@@ -14,6 +14,9 @@ import (
 // A Remote not made by this transport at rank, or shorter than dst, is
 // refused with ErrBadRemote.
 func (e *Endpoint) Read(rank int, dst []byte, src transport.Remote, cookie uint64) error {
+	if e.stopped {
+		return e.errClosed("read")
+	}
 	p, err := e.Peer(rank)
 	if err != nil {
 		return err

@@ -54,6 +54,9 @@ func ParseRemote(b []byte, magic byte) (Remote, bool) {
 // with the transport's magic. The caller keeps buf alive and unmoved until
 // Unexpose.
 func (e *Endpoint) Expose(buf []byte) (transport.Remote, error) {
+	if e.stopped {
+		return nil, e.errClosed("expose")
+	}
 	r := Remote{Rank: e.rank}
 	if len(buf) > 0 {
 		ent, err := e.Core.Cache.Get(buf)
@@ -70,6 +73,9 @@ func (e *Endpoint) Expose(buf []byte) (transport.Remote, error) {
 // the cache). A Remote that this rank did not make, or that is not
 // exposed, is ErrBadRemote.
 func (e *Endpoint) Unexpose(rm transport.Remote) error {
+	if e.stopped {
+		return e.errClosed("unexpose")
+	}
 	r, ok := ParseRemote(rm, e.magic)
 	if !ok || r.Rank != e.rank {
 		return fmt.Errorf("%w: unexpose a remote this rank did not make", transport.ErrBadRemote)

@@ -15,6 +15,9 @@ import (
 // size are copied into the work request; larger ones into a registered
 // send buffer. The parts are free when TrySend returns.
 func (e *Endpoint) TrySend(rank int, parts ...[]byte) (bool, error) {
+	if e.stopped {
+		return false, e.errClosed("send")
+	}
 	p, err := e.Peer(rank)
 	if err != nil {
 		return false, err

@@ -1,0 +1,74 @@
+package comm
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/xrcrun/xrc/softhca"
+)
+
+// TestFailedPeerBacklog: rank 0's connection to rank 1 fails (rank 1's
+// node drops every packet it sends, so nothing rank 0 sends is
+// acknowledged) while frames for rank 1 wait in rank 0's backlog. The
+// sends queued for rank 1 fail, and rank 0 still talks to rank 2. Before,
+// the first frame that could not be sent failed every progress of rank 0:
+// the queued sends never completed, and every call failed with rank 1's
+// error.
+func TestFailedPeerBacklog(t *testing.T) {
+	comms, devs := worldDevs(t, 3, layout{nodeOf: func(r int) int { return r }})
+	devs[1].SetFaults(softhca.Faults{Loss: 1, Seed: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c0, c2 := comms[0], comms[2]
+	// More frames than the QP toward rank 1 takes: the rest wait.
+	var reqs []*Request
+	for i := range 100 {
+		r, err := c0.Isend(make([]byte, 200), 1, 7)
+		if err != nil {
+			t.Fatalf("isend %d: %v", i, err)
+		}
+		reqs = append(reqs, r)
+	}
+	// The QP fails after its retries, some seconds on.
+	failed := 0
+	for i, r := range reqs {
+		for {
+			done, _, err := r.Test()
+			if done {
+				if err != nil {
+					failed++
+				}
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("send %d to the unreachable rank 1 never completed", i)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if failed == 0 {
+		t.Fatal("no send to the unreachable rank 1 failed")
+	}
+	t.Logf("%d of %d sends to rank 1 failed", failed, len(reqs))
+	errc := make(chan error, 1)
+	go func() {
+		for i := range 5 {
+			if err := c2.Send(ctx, []byte{byte(i)}, 0, 3); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	for i := range 5 {
+		b := make([]byte, 1)
+		if _, err := c0.Recv(ctx, b, 2, 3); err != nil || b[0] != byte(i) {
+			t.Fatalf("rank 0: receive %d from rank 2: %v, %d", i, err, b[0])
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(fmt.Errorf("rank 2: %w", err))
+	}
+}
