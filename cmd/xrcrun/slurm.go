@@ -57,6 +57,10 @@ func slurmFromEnv(getenv func(string) string) (slurmAlloc, bool, error) {
 // node02, node03, node7, gpu1. Brackets may appear in several parts of a
 // name ("r[1-2]n[1-2]" is r1n1, r1n2, r2n1, r2n2); ranges keep the width of
 // their zero-padded bounds.
+// maxHosts bounds the names a host list or a task count list expands
+// to: a garbled one must not take the launcher's memory.
+const maxHosts = 1 << 20
+
 func expandHostlist(list string) ([]string, error) {
 	var out []string
 	for _, item := range splitTop(list) {
@@ -66,6 +70,9 @@ func expandHostlist(list string) ([]string, error) {
 		names, err := expandHost(item)
 		if err != nil {
 			return nil, err
+		}
+		if len(names) > maxHosts-len(out) {
+			return nil, fmt.Errorf("the host list names more than %d hosts", maxHosts)
 		}
 		out = append(out, names...)
 	}
@@ -131,6 +138,9 @@ func expandHost(item string) ([]string, error) {
 		if len(lo) > 1 && lo[0] == '0' {
 			width = len(lo)
 		}
+		if (b-a+1)*len(tails) > maxHosts-len(out) {
+			return nil, fmt.Errorf("%q names more than %d hosts", item, maxHosts)
+		}
 		for v := a; v <= b; v++ {
 			for _, t := range tails {
 				out = append(out, fmt.Sprintf("%s%0*d%s", prefix, width, v, t))
@@ -152,6 +162,9 @@ func expandTasksPerNode(s string) ([]int, error) {
 		t, err2 := strconv.Atoi(times)
 		if err1 != nil || err2 != nil || c < 0 || t < 1 || t > 1<<16 {
 			return nil, fmt.Errorf("bad element %q in %q", part, s)
+		}
+		if t > maxHosts-len(out) {
+			return nil, fmt.Errorf("%q counts more than %d hosts", s, maxHosts)
 		}
 		for range t {
 			out = append(out, c)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -22,7 +23,9 @@ func TestExpandHostlist(t *testing.T) {
 			t.Errorf("expandHostlist(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "node[1-", "node]", "node[3-1]", "node[a-b]", "node[-1]", "n[0-99999999]"} {
+	for _, bad := range []string{"", "node[1-", "node]", "node[3-1]", "node[a-b]", "node[-1]", "n[0-99999999]",
+		// Each range is allowed, their product or sum is too many hosts.
+		"n[0-60000]x[0-60000]", "n[0-65536,0-65536],m[0-65536]" + strings.Repeat(",m[0-65536]", 15)} {
 		if got, err := expandHostlist(bad); err == nil {
 			t.Errorf("expandHostlist(%q) = %q, want an error", bad, got)
 		}
@@ -34,7 +37,7 @@ func TestExpandTasksPerNode(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(got, []int{2, 2, 2, 1}) {
 		t.Errorf("got %v, %v", got, err)
 	}
-	for _, bad := range []string{"", "x", "2(x)", "2(x0)", "-1"} {
+	for _, bad := range []string{"", "x", "2(x)", "2(x0)", "-1", "1(x65536)" + strings.Repeat(",1(x65536)", 16)} {
 		if _, err := expandTasksPerNode(bad); err == nil {
 			t.Errorf("expandTasksPerNode(%q) succeeded", bad)
 		}
