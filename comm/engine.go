@@ -158,8 +158,10 @@ func (e *engine) flush() int {
 }
 
 // dropBacklog fails the frames queued for dst, which cannot be sent:
-// their requests complete with err, and frames of no request (a
-// rendezvous' finish, a collective's part) are logged. The lock is held.
+// their requests complete with err, and so do the rendezvous sends to dst
+// (their announcement may be among the frames, and dst's finish cannot
+// come now). Frames of no request (a finish, a push's data) are logged.
+// The lock is held.
 func (e *engine) dropBacklog(dst int, qs []queued, err error) {
 	lost := 0
 	for _, q := range qs {
@@ -167,6 +169,12 @@ func (e *engine) dropBacklog(dst int, qs []queued, err error) {
 			q.r.complete(Status{}, err)
 		} else if q.r == nil {
 			lost++
+		}
+	}
+	for id, r := range e.sends {
+		if r.rdvWorld == dst {
+			delete(e.sends, id)
+			r.complete(r.st, errors.Join(err, r.tr.Unexpose(r.remote)))
 		}
 	}
 	if lost > 0 {

@@ -15,7 +15,7 @@ import (
 // sends queued for rank 1 fail, and rank 0 still talks to rank 2. Before,
 // the first frame that could not be sent failed every progress of rank 0:
 // the queued sends never completed, and every call failed with rank 1's
-// error.
+// error. A rendezvous send to rank 1 fails too.
 func TestFailedPeerBacklog(t *testing.T) {
 	comms, devs := worldDevs(t, 3, layout{nodeOf: func(r int) int { return r }})
 	devs[1].SetFaults(softhca.Faults{Loss: 1, Seed: 1})
@@ -31,6 +31,13 @@ func TestFailedPeerBacklog(t *testing.T) {
 		}
 		reqs = append(reqs, r)
 	}
+	// And a rendezvous send, whose announcement waits too: it completes
+	// when rank 1 says it has the message, which it cannot now.
+	big, err := c0.Isend(make([]byte, 1<<20), 1, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs = append(reqs, big)
 	// The QP fails after its retries, some seconds on.
 	failed := 0
 	for i, r := range reqs {
@@ -50,6 +57,9 @@ func TestFailedPeerBacklog(t *testing.T) {
 	}
 	if failed == 0 {
 		t.Fatal("no send to the unreachable rank 1 failed")
+	}
+	if _, _, err := big.Test(); err == nil {
+		t.Fatal("the rendezvous send to the unreachable rank 1 succeeded")
 	}
 	t.Logf("%d of %d sends to rank 1 failed", failed, len(reqs))
 	errc := make(chan error, 1)
