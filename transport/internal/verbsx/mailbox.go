@@ -2,6 +2,7 @@ package verbsx
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -12,14 +13,22 @@ import (
 // Mailbox is how the ranks of a job send each other connection messages
 // for lazy connection: rank R's mailbox is the bootstrap server's
 // write-once keys "PREFIX/mbox/R/0", "PREFIX/mbox/R/1", …, each holding
-// one message. Its methods are safe for concurrent use.
+// one message (and its putter's tag, mailTag). Its methods are safe for
+// concurrent use.
 type Mailbox struct {
 	boot   *bootstrap.Client
 	prefix string
 
 	mu   sync.Mutex
 	next map[int]int // per rank, a slot below which every slot is taken
+	sent uint32      // messages put, numbering them
 }
+
+// A message's value in its slot ends with the putter's rank and number,
+// so that two equal messages are two values: the bootstrap server takes
+// a Put of the value a key already holds as done, and the second message
+// would have been lost.
+const mailTag = 8
 
 // NewMailbox returns the mailboxes of the job boot belongs to, under the
 // key prefix (the transport's name).
@@ -37,6 +46,9 @@ func (m *Mailbox) key(rank, slot int) string {
 func (m *Mailbox) Put(ctx context.Context, rank int, val []byte) error {
 	m.mu.Lock()
 	slot := m.next[rank]
+	m.sent++
+	val = binary.LittleEndian.AppendUint32(append(val[:len(val):len(val)], 0, 0, 0, 0), m.sent)
+	binary.LittleEndian.PutUint32(val[len(val)-mailTag:], uint32(m.boot.Rank()))
 	m.mu.Unlock()
 	for ; ; slot++ {
 		err := m.boot.Put(ctx, m.key(rank, slot), val)
@@ -59,6 +71,11 @@ func (m *Mailbox) Read(ctx context.Context, rank int, fn func(slot int, val []by
 		v, err := m.boot.Get(ctx, m.key(rank, slot))
 		if err != nil {
 			return err
+		}
+		if len(v) < mailTag {
+			v = nil // malformed: fn refuses it
+		} else {
+			v = v[:len(v)-mailTag]
 		}
 		fn(slot, v)
 	}
