@@ -72,6 +72,10 @@ func Open(k Kernel) (*Context, error) {
 	c.cqe = 32
 	if resp.Drv.DevCaps&mlx4abi.UserDevCapLargeCQE != 0 && resp.Drv.CQESize != 0 {
 		c.cqe = int(resp.Drv.CQESize)
+		if c.cqe != 32 && c.cqe != 64 {
+			conn.Close()
+			return nil, fmt.Errorf("get context: %w", unix.Errorf(unix.EPROTO, "the device says its CQEs are %d bytes; mlx4 has 32 or 64", c.cqe))
+		}
 	}
 	c.async, err = k.EventFile(int32(resp.Core.AsyncFD), "async")
 	if err != nil {

@@ -3,6 +3,7 @@
 package mlx4
 
 import (
+	"fmt"
 	"math/bits"
 	"sync"
 
@@ -26,6 +27,7 @@ type CQ struct {
 	ci     uint32     // guarded by mu: consumer index
 	armSN  uint32     // guarded by mu: arm sequence number
 	lastQP *QP        // guarded by mu: the QP of the last CQE, a lookup cache
+	dead   bool       // guarded by mu: destroyed, the ring freed
 }
 
 // CreateCQ allocates the CQE ring and a doorbell record and issues
@@ -82,6 +84,9 @@ func (cq *CQ) CQE() int { return int(cq.n - 1) }
 func (cq *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
+	if cq.dead {
+		return 0, fmt.Errorf("mlx4: poll: %w", verbs.ErrClosed)
+	}
 	var err error
 	n := 0
 	for n < len(wc) && cq.ready(cq.ci) {
@@ -239,6 +244,9 @@ func syndromeStatus(s uint8) verbs.WCStatus {
 func (cq *CQ) Arm(solicitedOnly bool) error {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
+	if cq.dead {
+		return fmt.Errorf("mlx4: arm: %w", verbs.ErrClosed)
+	}
 	sn := cq.armSN & 3
 	ci := cq.ci & 0xffffff
 	cmd := uint32(mlx4hw.CQDBReqNot)
@@ -283,6 +291,9 @@ func (cq *CQ) cleanXSRQ(s *SRQ) {
 func (cq *CQ) cleanWhere(match func(*mlx4hw.CQE) bool, srq *SRQ) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
+	if cq.dead {
+		return
+	}
 	prod := cq.ci
 	for prod-cq.ci < cq.n && cq.ready(prod) {
 		prod++
@@ -319,5 +330,10 @@ func (cq *CQ) Destroy() error {
 	if err := uverbs.Exec(cq.ctx.conn, uverbs.CmdDestroyCQ, &req, &r); err != nil {
 		return err
 	}
+	// Under the lock, so that no Poll or Arm of another goroutine is in
+	// the ring or the doorbell record, which may be another queue's next.
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	cq.dead = true
 	return cq.ctx.freeRing(cq.ring)
 }

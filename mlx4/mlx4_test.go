@@ -2,6 +2,8 @@ package mlx4
 
 import (
 	"bytes"
+	"errors"
+	"syscall"
 	"testing"
 
 	"github.com/xrcrun/xrc/internal/mlx4hw"
@@ -158,6 +160,28 @@ func TestPostSendFull(t *testing.T) {
 	perr, ok := err.(*verbs.PostError)
 	if !ok || perr.Index != n {
 		t.Fatalf("posting %d requests into %d slots: %v", n+1, n, err)
+	}
+}
+
+// TestPostAtomicSGEs: an atomic's segment takes one SGE's room in its
+// slot, so an atomic with as many SGEs as other requests take is refused
+// (it used to write past the slot and panic), and one with one SGE less
+// is posted.
+func TestPostAtomicSGEs(t *testing.T) {
+	for _, op := range []verbs.WROpcode{verbs.WRAtomicFetchAdd, verbs.WRAtomicCmpAndSwp} {
+		qp, _ := testQP(t, verbs.QPCap{MaxSendWR: 4, MaxSendSGE: 2})
+		n := int(qp.sq.maxGS)
+		sg := make([]verbs.SGE, n)
+		for i := range sg {
+			sg[i] = verbs.SGE{Addr: 0x1000, Length: 8, LKey: 1}
+		}
+		err := qp.PostSend(&verbs.SendWR{Opcode: op, SG: sg, RemoteAddr: 0x2000, RKey: 1})
+		if !errors.Is(err, syscall.ENOMEM) {
+			t.Errorf("%v with %d SGEs in a slot of %d: %v", op, n, n, err)
+		}
+		if err := qp.PostSend(&verbs.SendWR{Opcode: op, SG: sg[:n-1], RemoteAddr: 0x2000, RKey: 1}); err != nil {
+			t.Errorf("%v with %d SGEs: %v", op, n-1, err)
+		}
 	}
 }
 

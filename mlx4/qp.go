@@ -3,6 +3,7 @@
 package mlx4
 
 import (
+	"fmt"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ type wq struct {
 	cnt     uint32        // slots, a power of two
 	maxPost uint32        // requests that may be outstanding
 	shift   uint8         // log2 of the slot size
+	closed  bool          // guarded by the post lock: the QP was destroyed, the ring freed
 	maxGS   int32
 	buf     []byte // the ring, a slice of the QP buffer
 	// wrid holds the wr_id of the outstanding requests by slot index,
@@ -273,6 +275,9 @@ func (qp *QP) PostSend(wr *verbs.SendWR) error {
 	}
 	qp.sqMu.Lock()
 	defer qp.sqMu.Unlock()
+	if qp.sq.closed {
+		return &verbs.PostError{Index: 0, Err: fmt.Errorf("mlx4: post send: %w", verbs.ErrClosed)}
+	}
 	var err error
 	n := uint32(0)
 	ind := qp.sq.head
@@ -343,6 +348,15 @@ func (qp *QP) PostSend(wr *verbs.SendWR) error {
 }
 
 // checkSend validates request n of a post before any of it is written.
+// maxSendGS is how many SGEs a request of op fits in a slot: an atomic's
+// segment takes the room of one.
+func (qp *QP) maxSendGS(op verbs.WROpcode) int {
+	if op == verbs.WRAtomicCmpAndSwp || op == verbs.WRAtomicFetchAdd {
+		return int(qp.sq.maxGS) - mlx4hw.AtomicSegSize/mlx4hw.DataSegSize
+	}
+	return int(qp.sq.maxGS)
+}
+
 func (qp *QP) checkSend(wr *verbs.SendWR, n uint32) error {
 	fail := func(errno unix.Errno, format string, args ...any) error {
 		return &verbs.PostError{Index: int(n), Err: unix.Errorf(errno, format, args...)}
@@ -364,8 +378,8 @@ func (qp *QP) checkSend(wr *verbs.SendWR, n uint32) error {
 		if wr.Opcode == verbs.WRRDMARead || wr.Opcode == verbs.WRAtomicCmpAndSwp || wr.Opcode == verbs.WRAtomicFetchAdd {
 			return fail(unix.EINVAL, "inline %v", wr.Opcode)
 		}
-	} else if len(wr.SG) > int(qp.sq.maxGS) {
-		return fail(unix.ENOMEM, "%d SGEs, QP takes %d", len(wr.SG), qp.sq.maxGS)
+	} else if maxGS := qp.maxSendGS(wr.Opcode); len(wr.SG) > maxGS {
+		return fail(unix.ENOMEM, "%d SGEs, QP takes %d for %v", len(wr.SG), maxGS, wr.Opcode)
 	} else if err := checkSGLengths(wr.SG); err != nil {
 		return &verbs.PostError{Index: int(n), Err: err}
 	}
@@ -405,6 +419,9 @@ func (qp *QP) PostRecv(wr *verbs.RecvWR) error {
 	}
 	qp.rqMu.Lock()
 	defer qp.rqMu.Unlock()
+	if qp.rq.closed {
+		return &verbs.PostError{Index: 0, Err: fmt.Errorf("mlx4: post receive: %w", verbs.ErrClosed)}
+	}
 	var err error
 	n := uint32(0)
 	for ; wr != nil; wr, n = wr.Next, n+1 {
@@ -538,5 +555,12 @@ func (qp *QP) Destroy() error {
 	}
 	qp.cleanCQs()
 	qp.ctx.forgetQP(qp.qpn)
+	// Under the post locks, so that no post of another goroutine is in
+	// the ring or the doorbell record.
+	qp.sqMu.Lock()
+	defer qp.sqMu.Unlock()
+	qp.rqMu.Lock()
+	defer qp.rqMu.Unlock()
+	qp.sq.closed, qp.rq.closed = true, true
 	return qp.ctx.freeRing(qp.mem)
 }

@@ -3,6 +3,7 @@
 package mlx4
 
 import (
+	"fmt"
 	"math/bits"
 	"sync"
 
@@ -31,6 +32,7 @@ type SRQ struct {
 	tail    uint32     // guarded by mu: last free WQE
 	counter uint16     // guarded by mu: WQEs posted, ever
 	wrid    []uint64   // guarded by mu
+	dead    bool       // guarded by mu: destroyed, the ring freed
 }
 
 // CreateSRQ allocates the SRQ ring and issues CREATE_SRQ.
@@ -97,6 +99,9 @@ func (s *SRQ) Num() uint32 { return s.srqn }
 func (s *SRQ) PostRecv(wr *verbs.RecvWR) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.dead {
+		return &verbs.PostError{Index: 0, Err: fmt.Errorf("mlx4: post receive: %w", verbs.ErrClosed)}
+	}
 	var err error
 	n := 0
 	for ; wr != nil; wr, n = wr.Next, n+1 {
@@ -152,6 +157,9 @@ func putRecvSG(b []byte, sg []verbs.SGE, maxGS int) {
 func (s *SRQ) retire(index uint16) uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.dead {
+		return 0
+	}
 	i := uint32(index) & (s.max - 1)
 	id := s.wrid[i]
 	mlx4hw.PutSRQNext(s.wqe(s.tail), uint16(i))
@@ -193,5 +201,8 @@ func (s *SRQ) Destroy() error {
 		}
 		return err
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dead = true
 	return s.ctx.freeRing(s.ring)
 }

@@ -80,14 +80,26 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 	if cqe < 1 {
 		return nil, fmt.Errorf("create cq: %d entries: %w", cqe, syscall.EINVAL)
 	}
+	if ch != nil {
+		if ch.ctx != c {
+			return nil, fmt.Errorf("create cq: a channel of another context: %w", syscall.EINVAL)
+		}
+		// Counted under the channel's lock, which Close checks the count
+		// under.
+		if err := ch.life.hold(func() { ch.cqs.Add(1) }); err != nil {
+			return nil, fmt.Errorf("create cq: its channel: %w", err)
+		}
+	}
 	h, err := c.register()
 	if err != nil {
+		if ch != nil {
+			ch.cqs.Add(-1)
+		}
 		return nil, fmt.Errorf("create cq: %w", err)
 	}
 	init := CQInit{CQE: cqe, CompVector: vector, Handle: h}
 	if ch != nil {
 		init.Channel = ch.ops
-		ch.cqs.Add(1)
 	}
 	ops, err := c.prov.CreateCQ(init)
 	if err != nil {
@@ -144,4 +156,12 @@ func (cq *CQ) Close() error {
 		cq.ctx.unregister(cq.handle)
 		return nil
 	})
+}
+
+// alive reports ErrClosed once cq is closed; a nil cq is alive.
+func (cq *CQ) alive() error {
+	if cq == nil {
+		return nil
+	}
+	return cq.life.alive()
 }

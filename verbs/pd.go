@@ -69,6 +69,9 @@ func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
 	if access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0 {
 		return nil, fmt.Errorf("reg mr: remote write or atomic access (%v) requires LOCAL_WRITE: %w", access, syscall.EINVAL)
 	}
+	if err := pd.life.alive(); err != nil {
+		return nil, fmt.Errorf("reg mr: %w", err)
+	}
 	h, err := pd.ctx.register()
 	if err != nil {
 		return nil, fmt.Errorf("reg mr: %w", err)
@@ -131,6 +134,29 @@ func (mr *MR) Close() error {
 type lifecycle struct {
 	mu     sync.Mutex
 	closed bool // guarded by mu
+}
+
+// alive reports ErrClosed once the object is closed: a handle closed may
+// name another object by now.
+func (l *lifecycle) alive() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// hold runs f unless the object is closed, as one step with respect to
+// close: what f counts, close's destroy sees.
+func (l *lifecycle) hold(f func()) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	f()
+	return nil
 }
 
 func (l *lifecycle) close(destroy func() error) error {

@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"sync"
@@ -25,6 +26,9 @@ type SRQ struct {
 func (pd *PD) CreateSRQ(attr SRQAttr) (*SRQ, error) {
 	if attr.MaxWR == 0 || attr.MaxSGE == 0 {
 		return nil, fmt.Errorf("create srq: max_wr and max_sge must not be 0: %w", syscall.EINVAL)
+	}
+	if err := pd.life.alive(); err != nil {
+		return nil, fmt.Errorf("create srq: %w", err)
 	}
 	c := pd.ctx
 	h, err := c.register()
@@ -143,6 +147,14 @@ func (pd *PD) CreateQP(attr *QPInitAttr) (*QP, error) {
 	default:
 		return nil, fmt.Errorf("create qp: type %v: %w", attr.Type, ErrNotSupported)
 	}
+	if attr.SendCQ.ctx != c || (attr.RecvCQ != nil && attr.RecvCQ.ctx != c) || (attr.SRQ != nil && attr.SRQ.pd.ctx != c) {
+		// The provider would pass another context's handles, which name
+		// other objects (or none) in this one.
+		return nil, fmt.Errorf("create qp: CQs, SRQ and PD of different contexts: %w", syscall.EINVAL)
+	}
+	if err := cmp.Or(pd.life.alive(), attr.SendCQ.alive(), attr.RecvCQ.alive(), attr.SRQ.alive()); err != nil {
+		return nil, fmt.Errorf("create qp: its PD, CQs or SRQ: %w", err)
+	}
 	h, err := c.register()
 	if err != nil {
 		return nil, fmt.Errorf("create qp: %w", err)
@@ -256,4 +268,12 @@ func (qp *QP) Close() error {
 		qp.ctx.unregister(qp.handle)
 		return nil
 	})
+}
+
+// alive reports ErrClosed once srq is closed; a nil srq is alive.
+func (srq *SRQ) alive() error {
+	if srq == nil {
+		return nil
+	}
+	return srq.life.alive()
 }

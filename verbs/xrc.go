@@ -152,6 +152,9 @@ func (pd *PD) CreateXRCSRQ(xrcd *XRCD, cq *CQ, attr SRQAttr) (*SRQ, error) {
 	if xrcd.ctx != c || cq.ctx != c {
 		return nil, fmt.Errorf("create xrc srq: domain, CQ and PD of different devices: %w", syscall.EINVAL)
 	}
+	if err := pd.life.alive(); err != nil {
+		return nil, fmt.Errorf("create xrc srq: %w", err)
+	}
 	p, err := c.xrc()
 	if err != nil {
 		return nil, fmt.Errorf("create xrc srq: %w", err)
@@ -160,7 +163,10 @@ func (pd *PD) CreateXRCSRQ(xrcd *XRCD, cq *CQ, attr SRQAttr) (*SRQ, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create xrc srq: %w", err)
 	}
-	xrcd.users.Add(1)
+	if err := xrcd.life.hold(func() { xrcd.users.Add(1) }); err != nil {
+		c.unregister(h)
+		return nil, fmt.Errorf("create xrc srq: its domain: %w", err)
+	}
 	ops, err := p.CreateXRCSRQ(pd.ops, xrcd.ops, cq.ops, SRQInit{Attr: attr, Handle: h})
 	if err != nil {
 		xrcd.users.Add(-1)
@@ -186,7 +192,10 @@ func (x *XRCD) CreateTgtQP() (*QP, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create xrc tgt qp: %w", err)
 	}
-	x.users.Add(1)
+	if err := x.life.hold(func() { x.users.Add(1) }); err != nil {
+		c.unregister(h)
+		return nil, fmt.Errorf("create xrc tgt qp: %w", err)
+	}
 	ops, err := p.CreateXRCTgtQP(x.ops, h)
 	if err != nil {
 		x.users.Add(-1)
@@ -213,7 +222,10 @@ func (x *XRCD) OpenQP(num uint32) (*QP, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open qp %#x: %w", num, err)
 	}
-	x.users.Add(1)
+	if err := x.life.hold(func() { x.users.Add(1) }); err != nil {
+		c.unregister(h)
+		return nil, fmt.Errorf("open qp %#x: %w", num, err)
+	}
 	ops, err := p.OpenXRCQP(x.ops, num, h)
 	if err != nil {
 		x.users.Add(-1)

@@ -42,6 +42,7 @@ func Run(t *testing.T, env Env) {
 		{"Transitions", testTransitions},
 		{"SQDrain", testSQDrain},
 		{"Busy", testBusy},
+		{"ClosedObjects", testClosedObjects},
 		{"RNRRetryExceeded", testRNRRetryExceeded},
 		{"RNRRecovers", testRNRRecovers},
 		{"RetryExceeded", testRetryExceeded},
