@@ -160,8 +160,9 @@ func (e *engine) flush() int {
 // dropBacklog fails the frames queued for dst, which cannot be sent:
 // their requests complete with err, and so do the rendezvous sends to dst
 // (their announcement may be among the frames, and dst's finish cannot
-// come now). Frames of no request (a finish, a push's data) are logged.
-// The lock is held.
+// come now) and the receives that asked dst to push their message (the
+// request may be among the frames). Frames of no request of their own (a
+// finish, a push's data) are logged. The lock is held.
 func (e *engine) dropBacklog(dst int, qs []queued, err error) {
 	lost := 0
 	for _, q := range qs {
@@ -175,6 +176,12 @@ func (e *engine) dropBacklog(dst int, qs []queued, err error) {
 		if r.rdvWorld == dst {
 			delete(e.sends, id)
 			r.complete(r.st, errors.Join(err, r.tr.Unexpose(r.remote)))
+		}
+	}
+	for k, p := range e.pushes {
+		if k.world == dst {
+			delete(e.pushes, k)
+			p.r.complete(p.r.st, err)
 		}
 	}
 	if lost > 0 {

@@ -72,8 +72,8 @@ func (c *Comm) start(size int, body func(cc *Comm, tag int) error) *Request {
 //   - so does a timer, handOffDelay after the first deferred collective,
 //     (e.handOffDelay, which tests may change),
 //     so that a rank that computes without calling comm still takes its
-//     part. Go's timers may fire up to about a millisecond late when no
-//     P is running.
+//     part. Go's timers may fire a millisecond late when no P is
+//     running, and later when one goroutine holds the only P.
 const (
 	handOffAt    = 64 << 10
 	handOffDelay = 20 * time.Microsecond
