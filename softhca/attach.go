@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/xrcrun/xrc/internal/unix"
@@ -28,11 +29,34 @@ func Attach(ctx context.Context, dir, name string) (mlx4.Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := k.hello(); err != nil {
+	if err := k.bounded(ctx, k.hello); err != nil {
 		k.conn.Close()
 		return nil, fmt.Errorf("softhca: attach to %s: %w", name, err)
 	}
 	return k, nil
+}
+
+// bounded runs f, whose requests fail once ctx ends: a device that
+// accepts the connection and never answers (stopped, stuck) must not
+// hang the caller, as it did a listing of the devices.
+func (k *remoteKernel) bounded(ctx context.Context, f func() error) error {
+	if ctx.Done() == nil {
+		return f()
+	}
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		k.conn.SetDeadline(time.Unix(1, 0)) // in the past: reads and writes fail at once
+		close(fired)
+	})
+	err := f()
+	if !stop() {
+		<-fired
+		k.conn.SetDeadline(time.Time{})
+		if err != nil {
+			err = fmt.Errorf("%w (%w)", context.Cause(ctx), err)
+		}
+	}
+	return err
 }
 
 // remoteKernel is a client of a device in another process.
@@ -47,8 +71,7 @@ type remoteKernel struct {
 	closed bool
 
 	info  deviceInfo
-	bells *bellProducer
-	ring  []byte // the bell ring's mapping
+	bells *bellProducer // and the bell ring's mapping, which Close unmaps
 }
 
 func dial(ctx context.Context, dir, name string) (*remoteKernel, error) {
@@ -64,6 +87,16 @@ func dial(ctx context.Context, dir, name string) (*remoteKernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("softhca: no device %s in %s (is `xrcrun hca --name %s` running? %s sets the directory): %w",
 			name, dir, name, RuntimeDirEnv, verbs.ErrNoDevice)
+	}
+	// The device gets this process's memory: it must be this user's
+	// (or root's), not a socket another user put in its place.
+	cred, err := unix.PeerCred(c.(*net.UnixConn))
+	if err == nil && cred.UID != unix.Geteuid() && cred.UID != 0 {
+		err = unix.Errorf(unix.EACCES, "the socket %s is served by user %d, not by this user (%d) or root", path, cred.UID, unix.Geteuid())
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("softhca: device %s: %w", name, err)
 	}
 	return &remoteKernel{name: name, conn: c.(*net.UnixConn), buf: make([]byte, maxMessage),
 		oob: make([]byte, unix.RightsSpace(4)), events: map[int32]int{}}, nil
@@ -127,8 +160,7 @@ func (k *remoteKernel) hello() error {
 		unix.Close(fds[1])
 		return err
 	}
-	k.ring = ring
-	k.bells = &bellProducer{r: newBellRing(ring), kick: fds[1]}
+	k.bells = &bellProducer{r: newBellRing(ring), kick: fds[1], gone: func() bool { return unix.PeerClosed(k.conn) }}
 	return nil
 }
 
@@ -249,8 +281,10 @@ func (k *remoteKernel) Close() error {
 		delete(k.events, id)
 	}
 	if k.bells != nil {
+		// Closing the connection ends a doorbell waiting for room (gone),
+		// and close waits for it to leave the ring.
+		unix.Munmap(k.bells.close())
 		unix.Close(k.bells.kick)
-		unix.Munmap(k.ring)
 	}
 	return err
 }
@@ -290,10 +324,16 @@ func ask(ctx context.Context, dir, name string, t msgType) ([]byte, error) {
 		return nil, err
 	}
 	defer k.conn.Close()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	body, fds, err := k.call(t, appendRequest(nil, t))
-	closeFDs(fds)
+	var body []byte
+	err = k.bounded(ctx, func() error {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		var fds []int
+		var err error
+		body, fds, err = k.call(t, appendRequest(nil, t))
+		closeFDs(fds)
+		return err
+	})
 	return body, err
 }
 

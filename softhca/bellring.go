@@ -59,15 +59,26 @@ func (r *bellRing) entry(i uint32) []byte {
 // program order across the client's goroutines.
 type bellProducer struct {
 	mu   sync.Mutex
-	r    *bellRing
-	kick int // the device's eventfd
+	r    *bellRing   // guarded by mu; nil once closed
+	kick int         // the device's eventfd
+	gone func() bool // reports that the device has gone: a full ring will not drain
 }
 
+// ring writes a doorbell. Once the client closed, or the device has gone
+// (its QPs are in the error state then), doorbells are dropped.
 func (p *bellProducer) ring(off int, v uint64) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.r == nil {
+		return
+	}
 	t := p.r.tail.Load()
-	for t-p.r.head.Load() >= bellEntries {
-		// Full: the engine is behind. Make sure it is awake and wait.
+	for spins := 1; t-p.r.head.Load() >= bellEntries; spins++ {
+		// Full: the engine is behind. Make sure it is awake and wait,
+		// unless it has stopped.
+		if spins%1024 == 0 && p.gone() {
+			return
+		}
 		p.wake()
 		runtime.Gosched()
 	}
@@ -76,7 +87,16 @@ func (p *bellProducer) ring(off int, v uint64) {
 	binary.NativeEndian.PutUint64(e[8:], v)
 	p.r.tail.Store(t + 1)
 	p.wake()
-	p.mu.Unlock()
+}
+
+// close drops the ring, once no doorbell is being written, and returns
+// its memory for the caller to unmap.
+func (p *bellProducer) close() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	mem := p.r.mem
+	p.r = nil
+	return mem
 }
 
 // wake signals the eventfd if the engine sleeps, once per sleep: the

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // RuntimeDirEnv is the environment variable that sets the directory where
@@ -24,6 +25,29 @@ func RuntimeDir() string {
 		return filepath.Join(d, "xrc")
 	}
 	return filepath.Join(os.TempDir(), "xrc-"+strconv.Itoa(os.Geteuid()))
+}
+
+// checkRuntimeDir refuses a directory that another user could have made
+// or could change: one not owned by this user or root, or writable by
+// others without the sticky bit (which keeps them from replacing this
+// user's socket). /tmp/xrc-UID, for one, may have been made by anyone.
+func checkRuntimeDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("softhca: runtime directory: %w", err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return fmt.Errorf("softhca: runtime directory %s is not a directory", dir)
+	case !ok:
+		return nil
+	case int(st.Uid) != os.Geteuid() && st.Uid != 0:
+		return fmt.Errorf("softhca: runtime directory %s belongs to user %d, not to this user (%d); set %s to a directory of your own", dir, st.Uid, os.Geteuid(), RuntimeDirEnv)
+	case fi.Mode().Perm()&0o022 != 0 && fi.Mode()&os.ModeSticky == 0:
+		return fmt.Errorf("softhca: runtime directory %s may be written by other users (mode %v); set %s to a directory of your own", dir, fi.Mode().Perm(), RuntimeDirEnv)
+	}
+	return nil
 }
 
 const socketSuffix = ".sock"

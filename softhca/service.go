@@ -39,6 +39,9 @@ func (d *Device) Serve(ctx context.Context, dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("softhca: runtime directory: %w", err)
 	}
+	if err := checkRuntimeDir(dir); err != nil {
+		return err
+	}
 	if err := removeStale(path); err != nil {
 		return err
 	}

@@ -24,6 +24,9 @@ const envClient = "XRC_TEST_CLIENT" // name: attach (in XRC_RUNTIME_DIR), make o
 
 func TestMain(m *testing.M) {
 	hcatest.Main()
+	if dir := os.Getenv(envSilent); dir != "" {
+		os.Exit(silentDeviceMain(dir))
+	}
 	if mode := os.Getenv(envTCP); mode != "" {
 		os.Exit(tcpPeer(mode))
 	}

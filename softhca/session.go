@@ -3,6 +3,7 @@
 package softhca
 
 import (
+	"math"
 	"net"
 	"syscall"
 
@@ -223,8 +224,13 @@ func mapPassed(t msgType, body []byte, fds []int) (addr uint64, b []byte, ino ui
 		return 0, nil, 0, unix.Errorf(unix.EINVAL, "%v passes %d descriptors, not 1", t, len(fds))
 	}
 	page := uint64(unix.PageSize)
-	if addr%page != 0 || n == 0 || n%page != 0 || n > maxMRSize {
+	if addr%page != 0 || addr == 0 || n == 0 || n%page != 0 || n > maxMRSize || addr > math.MaxUint64-n {
 		return 0, nil, 0, unix.Errorf(unix.EINVAL, "%v of %d bytes at %#x", t, n, addr)
+	}
+	// A file the client could shrink would kill the device with SIGBUS
+	// at its next access.
+	if err := unix.Sealed(fds[0]); err != nil {
+		return 0, nil, 0, unix.Errorf(unix.EINVAL, "%v: %v", t, err)
 	}
 	size, ino, err := unix.FileStat(fds[0])
 	if err != nil || uint64(size) < n {

@@ -14,9 +14,12 @@ import (
 
 // Memfd creates an anonymous shared-memory file of n bytes (rounded up to
 // pages), close-on-exec, and maps it shared and read-write. The caller owns
-// both the descriptor and the mapping.
+// both the descriptor and the mapping. The file's size is sealed: a
+// process it is passed to may map it (Sealed) without the one who passed
+// it shrinking the file under the mapping, whose next access would then
+// kill the mapper with SIGBUS.
 func Memfd(name string, n int) (int, []byte, error) {
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return -1, nil, Error(asErrno(err), "memfd_create")
 	}
@@ -25,12 +28,29 @@ func Memfd(name string, n int) (int, []byte, error) {
 		unix.Close(fd)
 		return -1, nil, Error(asErrno(err), "ftruncate memfd")
 	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return -1, nil, Error(asErrno(err), "seal memfd")
+	}
 	b, err := MmapShared(fd, 0, size)
 	if err != nil {
 		unix.Close(fd)
 		return -1, nil, err
 	}
 	return fd, b[:n], nil
+}
+
+// Sealed reports an error unless the file fd refers to cannot shrink: a
+// memfd sealed so, as Memfd makes them.
+func Sealed(fd int) error {
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return Error(asErrno(err), "the file is not a sealed memfd")
+	}
+	if seals&unix.F_SEAL_SHRINK == 0 {
+		return Error(unix.EPERM, "the memfd may shrink: it is not sealed against it")
+	}
+	return nil
 }
 
 // FileStat returns the size and the inode number of the file fd refers to.
@@ -114,6 +134,26 @@ func PeerCred(c syscall.Conn) (Cred, error) {
 		return Cred{}, Error(asErrno(serr), "SO_PEERCRED")
 	}
 	return Cred{PID: int(uc.Pid), UID: int(uc.Uid), GID: int(uc.Gid)}, nil
+}
+
+// PeerClosed reports whether the peer of a connected stream or seqpacket
+// unix socket has closed its end, without taking anything from the socket
+// or waiting.
+func PeerClosed(c syscall.Conn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return true
+	}
+	closed := false
+	var b [1]byte
+	if err := rc.Read(func(fd uintptr) bool {
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		closed = err == nil && n == 0 || err != nil && err != unix.EAGAIN && err != unix.EINTR
+		return true
+	}); err != nil {
+		return true // closed here
+	}
+	return closed
 }
 
 // Geteuid returns the effective user id.

@@ -1,0 +1,125 @@
+//go:build linux
+
+package softhca
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	xunix "golang.org/x/sys/unix"
+
+	"github.com/xrcrun/xrc/internal/mlx4hw"
+	"github.com/xrcrun/xrc/internal/unix"
+	"github.com/xrcrun/xrc/mlx4"
+)
+
+// What a client of a device process may do to it: none of it may crash
+// the device, which serves the node's other processes too.
+
+// TestQueueBoundsWrap: a queue range near 2^64 is refused. Its bounds
+// check added the range's length to its offset, which wrapped around, and
+// slicing the queue then panicked with the device's mutex held.
+func TestQueueBoundsWrap(t *testing.T) {
+	var q queueTable
+	q.addQueue(0x1000, make([]byte, 0x1000))
+	for _, c := range []struct {
+		addr uint64
+		n    int
+	}{
+		{^uint64(0) - 0xfff, 0x2000}, // off 2^64-0x2000, wraps to 0
+		{^uint64(0) - 3, 0x1004},
+		{0x1800, 0x801},
+	} {
+		if b, err := q.queue(c.addr, c.n); !errors.Is(err, syscall.EFAULT) {
+			t.Errorf("%d bytes at %#x: %d bytes, %v", c.n, c.addr, len(b), err)
+		}
+	}
+	if b, err := q.queue(0x1800, 0x800); err != nil || len(b) != 0x800 {
+		t.Errorf("the queue's second half: %d bytes, %v", len(b), err)
+	}
+}
+
+// TestUnsealedMemoryRefused: the device maps only memory the client cannot
+// shrink under it: a memfd sealed against shrinking, as unix.Memfd makes.
+// A client that kept an unsealed file's descriptor could truncate it, and
+// the device's next access to the mapping killed it with SIGBUS.
+func TestUnsealedMemoryRefused(t *testing.T) {
+	w := newSvcWorld(t)
+	defer w.close()
+	sess := w.session(t)
+	defer sess.close()
+	w.request(t, sess, svcHello, w.goodHello())
+	fd, err := xunix.MemfdCreate("unsealed", xunix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := xunix.Ftruncate(fd, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	for _, t0 := range []msgType{msgAddQueue, msgAddRegion} {
+		a := sess.request(appendRequest(nil, t0, 0x10000, 64<<10), unix.Rights(fd), 0, nil)
+		if _, err := parseReply(a.reply, t0); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("%v of an unsealed memfd: %v", t0, err)
+		}
+	}
+	// The same with memory of unix.Memfd is taken.
+	sealed := memfds(t, 1, 64<<10)
+	a := sess.request(appendRequest(nil, msgAddQueue, 0x10000, 64<<10), unix.Rights(sealed...), 0, nil)
+	if _, err := parseReply(a.reply, msgAddQueue); err != nil {
+		t.Errorf("add-queue of a sealed memfd: %v", err)
+	}
+	unix.Close(sealed[0])
+}
+
+// TestDoorbellsAfterDeviceGone: once the device has stopped, a client's
+// doorbells are dropped (its QPs are in the error state then) instead of
+// waiting forever for room in a bell ring that no engine drains.
+func TestDoorbellsAfterDeviceGone(t *testing.T) {
+	d, err := New(context.Background(), Config{Name: "bellsgone", Addr: netip.MustParseAddr("127.7.4.1"), SpinIdle: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- d.Serve(ctx, dir) }()
+	var k mlx4.Kernel
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		if k, err = Attach(context.Background(), dir, "bellsgone"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+	}
+	u, err := k.MapUAR()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		for range 2*bellEntries + 1 {
+			u.Write32(mlx4hw.UARCQDoorbell, 0)
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("doorbells still waiting for room a minute after the device stopped")
+	}
+	if err := k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	u.Write32(mlx4hw.UARCQDoorbell, 0) // after Close: dropped, not written to the unmapped ring
+}
