@@ -161,8 +161,9 @@ func (e *engine) flush() int {
 // their requests complete with err, and so do the rendezvous sends to dst
 // (their announcement may be among the frames, and dst's finish cannot
 // come now) and the receives that asked dst to push their message (the
-// request may be among the frames). Frames of no request of their own (a
-// finish, a push's data) are logged. The lock is held.
+// request may be among the frames). The other frames of no request of
+// their own (a finish, a push's data) are counted in the log, with the
+// announcements. The lock is held.
 func (e *engine) dropBacklog(dst int, qs []queued, err error) {
 	lost := 0
 	for _, q := range qs {

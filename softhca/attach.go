@@ -84,6 +84,9 @@ func dial(ctx context.Context, dir, name string) (*remoteKernel, error) {
 	}
 	var dl net.Dialer
 	c, err := dl.DialContext(ctx, "unixpacket", path)
+	if err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("softhca: device %s: %w (%w)", name, context.Cause(ctx), err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("softhca: no device %s in %s (is `xrcrun hca --name %s` running? %s sets the directory): %w",
 			name, dir, name, RuntimeDirEnv, verbs.ErrNoDevice)

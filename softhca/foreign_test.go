@@ -116,11 +116,12 @@ func TestAttachChecksTheDevice(t *testing.T) {
 }
 
 // TestRuntimeDirChecked: a device does not serve from a directory others
-// may write to (unless sticky, as /tmp is).
+// may write to (unless sticky, as /tmp is); a symbolic link to a directory
+// of its user's is the directory.
 func TestRuntimeDirChecked(t *testing.T) {
 	d := newDevice(t, softhca.NewFabric())
 	// Serve returns at once with the error, or at the deadline if it
-	// served.
+	// served. A link to a directory of this user's is fine.
 	refused, cancelRefused := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelRefused()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -142,12 +143,19 @@ func TestRuntimeDirChecked(t *testing.T) {
 	if err := os.Chmod(sticky, 0o777|os.ModeSticky); err != nil {
 		t.Fatal(err)
 	}
-	served := make(chan error, 1)
-	go func() { served <- d.Serve(ctx, sticky) }()
-	waitSocket(t, filepath.Join(sticky, d.Name()+".sock"), served)
-	cancel()
-	if err := <-served; err != nil {
-		t.Fatalf("serve in a sticky directory: %v", err)
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(t.TempDir(), link); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{sticky, link} {
+		ctx, cancel := context.WithCancel(ctx)
+		served := make(chan error, 1)
+		go func() { served <- d.Serve(ctx, dir) }()
+		waitSocket(t, filepath.Join(dir, d.Name()+".sock"), served)
+		cancel()
+		if err := <-served; err != nil {
+			t.Fatalf("serve in %s: %v", dir, err)
+		}
 	}
 }
 
@@ -161,6 +169,12 @@ func TestAskBounded(t *testing.T) {
 	go silentDevice(dir, func() { close(listening) }, func(s string) { got <- s })
 	<-listening
 	t.Cleanup(func() { os.Remove(filepath.Join(dir, "soft0.sock")) })
+	// A context that ends before the dial says so, not "no device".
+	expired, cancelExpired := context.WithTimeout(context.Background(), -time.Second)
+	defer cancelExpired()
+	if _, err := softhca.QueryCounters(expired, dir, "soft0"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("query with a context already ended: %v", err)
+	}
 	for _, call := range []func(ctx context.Context) error{
 		func(ctx context.Context) error { _, err := softhca.QueryCounters(ctx, dir, "soft0"); return err },
 		func(ctx context.Context) error {
@@ -171,7 +185,9 @@ func TestAskBounded(t *testing.T) {
 			return err
 		},
 	} {
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		// Long enough for the dial on a loaded machine: the request
+		// must reach the device, which then keeps the caller waiting.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		done := make(chan error, 1)
 		go func() { done <- call(ctx) }()
 		select {
@@ -183,7 +199,11 @@ func TestAskBounded(t *testing.T) {
 			t.Fatal("still waiting for a device that does not answer, a minute on")
 		}
 		cancel()
-		<-got // it was asked
+		select {
+		case <-got: // it was asked
+		case <-time.After(time.Minute):
+			t.Fatal("the device was never asked")
+		}
 	}
 }
 

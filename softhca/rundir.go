@@ -32,7 +32,7 @@ func RuntimeDir() string {
 // others without the sticky bit (which keeps them from replacing this
 // user's socket). /tmp/xrc-UID, for one, may have been made by anyone.
 func checkRuntimeDir(dir string) error {
-	fi, err := os.Lstat(dir)
+	fi, err := os.Stat(dir) // where the socket lands: a symbolic link's target
 	if err != nil {
 		return fmt.Errorf("softhca: runtime directory: %w", err)
 	}
