@@ -119,6 +119,7 @@ type Device struct {
 	gid   [16]byte
 	guid  uint64
 	mtu   int
+	maps  *mapBudget // the clients' memory the device maps (device processes)
 	log   *slog.Logger
 	debug bool
 	clock Clock
@@ -191,7 +192,7 @@ func New(ctx context.Context, cfg Config) (*Device, error) {
 	h.Write(cfg.Addr.AsSlice())
 	d := &Device{
 		name: cfg.Name, addr: cfg.Addr, gid: cfg.Addr.As16(), guid: h.Sum64(),
-		mtu: cfg.MTU, log: log.With("device", cfg.Name), clock: cfg.Clock,
+		mtu: cfg.MTU, maps: newMapBudget(), log: log.With("device", cfg.Name), clock: cfg.Clock,
 		debug:   log.Enabled(context.Background(), slog.LevelDebug),
 		clients: map[*Client]struct{}{},
 		pds:     map[uint32]*pd{}, mrs: map[uint32]*mr{}, cqs: map[uint32]*cq{},

@@ -123,3 +123,41 @@ func TestDoorbellsAfterDeviceGone(t *testing.T) {
 	}
 	u.Write32(mlx4hw.UARCQDoorbell, 0) // after Close: dropped, not written to the unmapped ring
 }
+
+// TestClientMappingsBounded: the device maps a bounded number of pieces of
+// its clients' memory (each is one of the process's vm.max_map_count, past
+// which the runtime cannot grow its heap); past the bound, adding memory
+// fails with ENOMEM, freeing some makes room, and a client's end gives
+// back all it held.
+func TestClientMappingsBounded(t *testing.T) {
+	w := newSvcWorld(t)
+	defer w.close()
+	base := w.d.maps.n.Load()
+	w.d.maps.max = base + 4
+	sess := w.session(t)
+	w.request(t, sess, svcHello, w.goodHello()) // its bell ring: 1
+	add := func(addr uint64) error {
+		a := sess.request(appendRequest(nil, msgAddQueue, addr, 4096), unix.Rights(memfds(t, 1, 4096)...), 0, nil)
+		_, err := parseReply(a.reply, msgAddQueue)
+		return err
+	}
+	for i := range 3 {
+		if err := add(0x10000 + uint64(i)*0x1000); err != nil {
+			t.Fatalf("queue memory %d of 3: %v", i, err)
+		}
+	}
+	if err := add(0x20000); !errors.Is(err, syscall.ENOMEM) {
+		t.Fatalf("queue memory past the bound: %v", err)
+	}
+	a := sess.request(appendRequest(nil, msgRemoveQueue, 0x10000), nil, 0, nil)
+	if _, err := parseReply(a.reply, msgRemoveQueue); err != nil {
+		t.Fatal(err)
+	}
+	if err := add(0x20000); err != nil {
+		t.Fatalf("queue memory once some was freed: %v", err)
+	}
+	sess.close()
+	if n := w.d.maps.n.Load(); n != base {
+		t.Fatalf("%d mappings counted after the client ended, %d before it", n, base)
+	}
+}

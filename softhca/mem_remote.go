@@ -23,6 +23,7 @@ import (
 type remoteMemory struct {
 	processMemory
 	queueTable
+	maps *mapBudget // counts the device's mappings, unmapped through it
 
 	// Guarded by queueTable.mu.
 	shared  []*sharedRegion // sorted by addr, not overlapping
@@ -105,14 +106,14 @@ func (m *remoteMemory) addShared(addr uint64, b []byte, ino uint64) {
 	defer m.mu.Unlock()
 	end := addr + uint64(len(b))
 	if s := m.sharedAt(addr, uint64(len(b))); s != nil && s.addr == addr && len(s.b) == len(b) && s.ino == ino {
-		unix.Munmap(b) // the same memory again
+		m.maps.unmap(b) // the same memory again
 		return
 	}
 	m.shared = slices.DeleteFunc(m.shared, func(s *sharedRegion) bool {
 		overlaps := s.addr < end && addr < s.addr+uint64(len(s.b))
 		switch {
 		case s.refs == 0:
-			unix.Munmap(s.b)
+			m.maps.unmap(s.b)
 			return true
 		case overlaps:
 			m.retired = append(m.retired, s.b)
@@ -135,14 +136,14 @@ func (m *remoteMemory) addShared(addr uint64, b []byte, ino uint64) {
 // close unmaps every mapping. The client's objects are destroyed by then.
 func (m *remoteMemory) close() {
 	for _, s := range m.takeAll() {
-		unix.Munmap(s.b)
+		m.maps.unmap(s.b)
 	}
 	m.mu.Lock()
 	for _, s := range m.shared {
-		unix.Munmap(s.b)
+		m.maps.unmap(s.b)
 	}
 	for _, b := range m.retired {
-		unix.Munmap(b)
+		m.maps.unmap(b)
 	}
 	m.shared, m.retired = nil, nil
 	m.mu.Unlock()

@@ -183,18 +183,22 @@ func (s *session) hello(body []byte) (int, error) {
 	if h.version != protoVersion {
 		return -1, unix.Errorf(unix.EPROTO, "client speaks version %d of the device protocol, the device %d", h.version, protoVersion)
 	}
-	mem := &remoteMemory{processMemory: processMemory{s.cred.PID}}
+	mem := &remoteMemory{processMemory: processMemory{s.cred.PID}, maps: s.d.maps}
 	if err := mem.probe(h.probe, h.nonce[:]); err != nil {
+		return -1, err
+	}
+	if err := s.d.maps.take(); err != nil {
 		return -1, err
 	}
 	fd, ring, err := unix.Memfd("xrc-bells", bellSize)
 	if err != nil {
+		s.d.maps.give()
 		return -1, err
 	}
 	c, err := s.d.connect(mem)
 	if err != nil {
 		unix.Close(fd)
-		unix.Munmap(ring)
+		s.d.maps.unmap(ring)
 		return -1, unix.Errorf(unix.ENODEV, "%v", err)
 	}
 	s.d.mu.Lock()
@@ -209,7 +213,7 @@ func (s *session) hello(body []byte) (int, error) {
 
 // mapPassed maps the memfd memory a request (addr u64, len u64, one fd)
 // passes, which the client maps at addr. It closes the descriptors.
-func mapPassed(t msgType, body []byte, fds []int) (addr uint64, b []byte, ino uint64, err error) {
+func mapPassed(t msgType, body []byte, fds []int, maps *mapBudget) (addr uint64, b []byte, ino uint64, err error) {
 	defer func() {
 		for _, fd := range fds {
 			unix.Close(fd)
@@ -236,22 +240,27 @@ func mapPassed(t msgType, body []byte, fds []int) (addr uint64, b []byte, ino ui
 	if err != nil || uint64(size) < n {
 		return 0, nil, 0, unix.Errorf(unix.EINVAL, "%v: file of %d bytes for %d (%v)", t, size, n, err)
 	}
-	b, err = unix.MmapShared(fds[0], 0, int(n))
+	if err := maps.take(); err != nil {
+		return 0, nil, 0, err
+	}
+	if b, err = unix.MmapShared(fds[0], 0, int(n)); err != nil {
+		maps.give()
+	}
 	return addr, b, ino, err
 }
 
 // addQueue maps queue memory the client passes.
 func (s *session) addQueue(t msgType, body []byte, fds []int, reply []byte) (answer, error) {
-	addr, b, _, err := mapPassed(t, body, fds)
+	addr, b, _, err := mapPassed(t, body, fds, s.d.maps)
 	if err != nil {
 		return answer{}, err
 	}
 	if len(b) > maxQueueBytes {
-		unix.Munmap(b)
+		s.d.maps.unmap(b)
 		return answer{}, unix.Errorf(unix.EINVAL, "queue memory of %d bytes", len(b))
 	}
 	if !s.mem.addQueue(addr, b) {
-		unix.Munmap(b)
+		s.d.maps.unmap(b)
 		return answer{}, unix.Errorf(unix.EINVAL, "queue memory at %#x overlaps queue memory", addr)
 	}
 	return answer{reply: appendReply(reply, t, nil)}, nil
@@ -259,7 +268,7 @@ func (s *session) addQueue(t msgType, body []byte, fds []int, reply []byte) (ans
 
 // addRegion maps memory the client shares for its memory regions.
 func (s *session) addRegion(t msgType, body []byte, fds []int, reply []byte) (answer, error) {
-	addr, b, ino, err := mapPassed(t, body, fds)
+	addr, b, ino, err := mapPassed(t, body, fds, s.d.maps)
 	if err != nil {
 		return answer{}, err
 	}
@@ -290,7 +299,7 @@ func (s *session) removeQueue(t msgType, body []byte, reply []byte) (answer, err
 	case busy:
 		return answer{reply: appendReply(reply, t, unix.Errorf(unix.EBUSY, "queue memory at %#x is in use", w[0]))}, nil
 	}
-	unix.Munmap(sp.b)
+	s.d.maps.unmap(sp.b)
 	return answer{reply: appendReply(reply, t, nil)}, nil
 }
 
@@ -306,7 +315,7 @@ func (s *session) close() {
 		s.d.log.Debug("client disconnected", "pid", s.cred.PID)
 	}
 	if s.ring != nil {
-		unix.Munmap(s.ring)
+		s.d.maps.unmap(s.ring)
 	}
 	s.conn.Close()
 }
