@@ -163,14 +163,16 @@ func (e *engine) flush() int {
 // come now) and the receives that asked dst to push their message (the
 // request may be among the frames). The other frames of no request of
 // their own (a finish, a push's data) are counted in the log, with the
-// announcements. The lock is held.
+// announcements. The caller takes the frames out of the backlog; the
+// lock is held.
 func (e *engine) dropBacklog(dst int, qs []queued, err error) {
 	lost := 0
 	for _, q := range qs {
-		if q.r != nil && !q.r.isDone() {
-			q.r.complete(Status{}, err)
-		} else if q.r == nil {
+		switch {
+		case q.r == nil:
 			lost++
+		case !q.r.isDone():
+			q.r.complete(Status{}, err)
 		}
 	}
 	for id, r := range e.sends {
@@ -188,7 +190,6 @@ func (e *engine) dropBacklog(dst int, qs []queued, err error) {
 	if lost > 0 {
 		e.log.Error("comm: frames to a rank that cannot be reached dropped", "rank", dst, "frames", lost, "err", err)
 	}
-	delete(e.backlog, dst)
 }
 
 // progress runs every transport once. The lock is held.

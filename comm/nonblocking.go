@@ -2,6 +2,7 @@ package comm
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -34,9 +35,8 @@ func (c *Comm) start(size int, body func(cc *Comm, tag int) error) *Request {
 		return c.failed(err)
 	}
 	r := newRequest(c.e)
-	r.cj = job{body: body, c: c, cc: cc, tag: tag, r: r}
-	r.coll = &r.cj
-	j := r.coll
+	r.coll = job{body: body, c: c, cc: cc, tag: tag, r: r}
+	j := &r.coll
 	e := c.e
 	e.mu.Lock()
 	c.jobs++ // Free waits for them
@@ -102,7 +102,7 @@ func (e *engine) handOffFor(reqs ...*Request) {
 		return
 	}
 	for _, r := range reqs {
-		if r.coll != nil && !r.coll.claimed.Load() {
+		if r.isColl() && !r.coll.claimed.Load() {
 			e.handOff()
 			return
 		}
@@ -112,13 +112,9 @@ func (e *engine) handOffFor(reqs ...*Request) {
 // undefer takes j, which the caller has claimed, from the deferred ones;
 // the lock is held.
 func (e *engine) undefer(j *job) {
-	for i := len(e.deferred) - 1; i >= 0; i-- {
-		if e.deferred[i] == j {
-			e.deferred = append(e.deferred[:i], e.deferred[i+1:]...)
-			e.deferred[len(e.deferred):cap(e.deferred)][0] = nil
-			e.ndeferred.Store(int32(len(e.deferred)))
-			return
-		}
+	if i := slices.Index(e.deferred, j); i >= 0 {
+		e.deferred = slices.Delete(e.deferred, i, i+1) // which clears the tail
+		e.ndeferred.Store(int32(len(e.deferred)))
 	}
 }
 

@@ -43,8 +43,7 @@ var ErrCanceled = errors.New("comm: receive canceled")
 type Request struct {
 	e      *engine
 	pooled bool // made by a blocking call, recycled when it returns
-	coll   *job // a non-blocking collective's body (cj), which a worker runs, or Wait
-	cj     job
+	coll   job  // a non-blocking collective's body, which a worker runs, or Wait (isColl)
 	done   atomic.Bool
 	ch     chan struct{} // closed at completion; made only for a goroutine that blocks on it, under the engine's lock
 	st     Status
@@ -113,6 +112,9 @@ func (r *Request) complete(st Status, err error) {
 
 func (r *Request) isDone() bool { return r.done.Load() }
 
+// isColl reports whether r is a non-blocking collective's.
+func (r *Request) isColl() bool { return r.coll.c != nil }
+
 // doneChan returns a channel closed when r completes, making it the first
 // time; the engine's lock is held.
 func (r *Request) doneChan() <-chan struct{} {
@@ -131,7 +133,7 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 	if r.isDone() {
 		return r.st, r.err
 	}
-	if r.coll != nil {
+	if r.isColl() {
 		return r.waitColl(ctx)
 	}
 	if err := r.e.await(ctx, r.isDone, func() []<-chan struct{} { return []<-chan struct{}{r.doneChan()} }); err != nil {
@@ -151,7 +153,7 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 func (r *Request) waitColl(ctx context.Context) (Status, error) {
 	if ctx.Done() == nil && r.coll.claim() {
 		r.e.mu.Lock()
-		r.e.undefer(r.coll)
+		r.e.undefer(&r.coll)
 		r.e.mu.Unlock()
 		r.coll.do()
 		return r.st, r.err
@@ -200,7 +202,7 @@ func (r *Request) Cancel() bool {
 func (r *Request) Test() (bool, Status, error) {
 	switch {
 	case r.isDone():
-	case r.coll != nil:
+	case r.isColl():
 		r.e.handOffFor(r)
 		runtime.Gosched()
 	default:
