@@ -24,10 +24,6 @@ func (c *Client) AllGather(ctx context.Context, rec []byte) ([][]byte, error) {
 		return [][]byte{append([]byte{}, rec...)}, nil
 	}
 	r, err := c.collective(ctx, kindAllGather, rec)
-	if err == nil && len(r.recs) != c.size {
-		err = protoErr("malformed", "%d records for %d ranks", len(r.recs), c.size)
-		c.fail(err)
-	}
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: allgather: %w", err)
 	}
@@ -43,12 +39,7 @@ func (c *Client) Barrier(ctx context.Context) error {
 		}
 		return nil
 	}
-	r, err := c.collective(ctx, kindBarrier, nil)
-	if err == nil && r.recs != nil {
-		err = protoErr("malformed", "%d records for a barrier", len(r.recs))
-		c.fail(err)
-	}
-	if err != nil {
+	if _, err := c.collective(ctx, kindBarrier, nil); err != nil {
 		return fmt.Errorf("bootstrap: barrier: %w", err)
 	}
 	return nil
@@ -121,7 +112,8 @@ func (c *Client) Abort(ctx context.Context, reason string) error {
 }
 
 // collective sends this rank's part of the next collective and waits for
-// the result.
+// the result: a record per rank for an all-gather, none for a barrier;
+// another reply ends the client with a protocol error.
 func (c *Client) collective(ctx context.Context, kind uint8, rec []byte) (reply, error) {
 	if err := ctx.Err(); err != nil {
 		return reply{}, err
@@ -140,7 +132,16 @@ func (c *Client) collective(ctx context.Context, kind uint8, rec []byte) (reply,
 	c.mu.Unlock()
 	err := c.writeLocked(ctx, appendFrame(nil, &msgGather{Seq: seq, Kind: kind, Rec: rec}))
 	c.wmu.Unlock()
-	return c.wait(ctx, c.colls, seq, ch, err)
+	r, err := c.wait(ctx, c.colls, seq, ch, err)
+	bad := len(r.recs) != c.size // an all-gather's
+	if kind != kindAllGather {
+		bad = r.recs != nil
+	}
+	if err == nil && bad {
+		err = protoErr("malformed", "collective %d (%s): %d records for %d ranks", seq, kindName(kind), len(r.recs), c.size)
+		c.fail(err)
+	}
+	return r, err
 }
 
 // request sends a put or get made by mk and waits for its reply.

@@ -347,7 +347,6 @@ func (qp *QP) PostSend(wr *verbs.SendWR) error {
 	return err
 }
 
-// checkSend validates request n of a post before any of it is written.
 // maxSendGS is how many SGEs a request of op fits in a slot: an atomic's
 // segment takes the room of one.
 func (qp *QP) maxSendGS(op verbs.WROpcode) int {
@@ -357,6 +356,7 @@ func (qp *QP) maxSendGS(op verbs.WROpcode) int {
 	return int(qp.sq.maxGS)
 }
 
+// checkSend validates request n of a post before any of it is written.
 func (qp *QP) checkSend(wr *verbs.SendWR, n uint32) error {
 	fail := func(errno unix.Errno, format string, args ...any) error {
 		return &verbs.PostError{Index: int(n), Err: unix.Errorf(errno, format, args...)}

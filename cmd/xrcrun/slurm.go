@@ -53,14 +53,14 @@ func slurmFromEnv(getenv func(string) string) (slurmAlloc, bool, error) {
 	return a, true, nil
 }
 
-// expandHostlist expands a Slurm host list: "node[01-03,7],gpu1" is node01,
-// node02, node03, node7, gpu1. Brackets may appear in several parts of a
-// name ("r[1-2]n[1-2]" is r1n1, r1n2, r2n1, r2n2); ranges keep the width of
-// their zero-padded bounds.
 // maxHosts bounds the names a host list or a task count list expands
 // to: a garbled one must not take the launcher's memory.
 const maxHosts = 1 << 20
 
+// expandHostlist expands a Slurm host list: "node[01-03,7],gpu1" is node01,
+// node02, node03, node7, gpu1. Brackets may appear in several parts of a
+// name ("r[1-2]n[1-2]" is r1n1, r1n2, r2n1, r2n2); ranges keep the width of
+// their zero-padded bounds.
 func expandHostlist(list string) ([]string, error) {
 	var out []string
 	for _, item := range splitTop(list) {
