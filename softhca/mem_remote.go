@@ -55,7 +55,7 @@ func (m *remoteMemory) region(addr, n uint64, write bool) ([]byte, error) {
 // m.mu.
 func (m *remoteMemory) sharedAt(addr, n uint64) *sharedRegion {
 	for _, s := range m.shared {
-		if off := addr - s.addr; addr >= s.addr && off <= uint64(len(s.b)) && n <= uint64(len(s.b))-off {
+		if within(s.addr, uint64(len(s.b)), addr, n) {
 			return s
 		}
 	}

@@ -70,8 +70,8 @@ func (t *queueTable) queue(addr uint64, n int) ([]byte, error) {
 	}
 	if i >= 0 && n >= 0 {
 		s := t.queues[i]
-		// In two steps: addr-s.addr+n may wrap around 2^64.
-		if off := addr - s.addr; addr >= s.addr && off <= uint64(len(s.b)) && uint64(n) <= uint64(len(s.b))-off {
+		if within(s.addr, uint64(len(s.b)), addr, uint64(n)) {
+			off := addr - s.addr
 			return s.b[off : off+uint64(n) : off+uint64(n)], nil
 		}
 	}

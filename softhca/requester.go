@@ -410,9 +410,7 @@ func (d *Device) fetch(q *qp, w *swqe) (uint8, bool) {
 }
 
 // contains reports whether [va, va+n) lies in the region.
-func (m *mr) contains(va, n uint64) bool {
-	return va >= m.iova && va-m.iova <= m.length && n <= m.length-(va-m.iova)
-}
+func (m *mr) contains(va, n uint64) bool { return within(m.iova, m.length, va, n) }
 
 // maxRun is the most packets of one message sendRequests builds at once,
 // and reads with one call per region of the message's memory (one

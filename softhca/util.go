@@ -31,3 +31,9 @@ func log2(n uint32) uint {
 	}
 	return s
 }
+
+// within reports whether [addr, addr+n) lies in [base, base+size), in
+// steps that cannot wrap around 2^64 as addr-base+n could.
+func within(base, size, addr, n uint64) bool {
+	return addr >= base && addr-base <= size && n <= size-(addr-base)
+}

@@ -86,7 +86,7 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel, vector int) (*CQ, error) {
 		}
 		// Counted under the channel's lock, which Close checks the count
 		// under.
-		if err := ch.life.hold(func() { ch.cqs.Add(1) }); err != nil {
+		if err := ch.life.hold(&ch.cqs); err != nil {
 			return nil, fmt.Errorf("create cq: its channel: %w", err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/xrcrun/xrc/internal/unix"
@@ -147,15 +148,15 @@ func (l *lifecycle) alive() error {
 	return nil
 }
 
-// hold runs f unless the object is closed, as one step with respect to
-// close: what f counts, close's destroy sees.
-func (l *lifecycle) hold(f func()) error {
+// hold counts one more user in users unless the object is closed, as one
+// step with respect to close, whose destroy checks the count.
+func (l *lifecycle) hold(users *atomic.Int32) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return ErrClosed
 	}
-	f()
+	users.Add(1)
 	return nil
 }
 

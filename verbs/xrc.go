@@ -163,7 +163,7 @@ func (pd *PD) CreateXRCSRQ(xrcd *XRCD, cq *CQ, attr SRQAttr) (*SRQ, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create xrc srq: %w", err)
 	}
-	if err := xrcd.life.hold(func() { xrcd.users.Add(1) }); err != nil {
+	if err := xrcd.life.hold(&xrcd.users); err != nil {
 		c.unregister(h)
 		return nil, fmt.Errorf("create xrc srq: its domain: %w", err)
 	}
@@ -192,7 +192,7 @@ func (x *XRCD) CreateTgtQP() (*QP, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create xrc tgt qp: %w", err)
 	}
-	if err := x.life.hold(func() { x.users.Add(1) }); err != nil {
+	if err := x.life.hold(&x.users); err != nil {
 		c.unregister(h)
 		return nil, fmt.Errorf("create xrc tgt qp: %w", err)
 	}
@@ -222,7 +222,7 @@ func (x *XRCD) OpenQP(num uint32) (*QP, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open qp %#x: %w", num, err)
 	}
-	if err := x.life.hold(func() { x.users.Add(1) }); err != nil {
+	if err := x.life.hold(&x.users); err != nil {
 		c.unregister(h)
 		return nil, fmt.Errorf("open qp %#x: %w", num, err)
 	}

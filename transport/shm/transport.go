@@ -47,6 +47,9 @@ type Transport struct {
 	closed  bool
 }
 
+// errClosed is the error of a call after Close.
+var errClosed = fmt.Errorf("shm: %w", net.ErrClosed)
+
 type readDone struct {
 	cookie uint64
 	err    error
@@ -141,7 +144,7 @@ func (t *Transport) MaxEager() int { return t.cfg.RingData/4 - frameHdr }
 // TrySend writes a frame into rank's inbox and wakes it if it sleeps.
 func (t *Transport) TrySend(rank int, parts ...[]byte) (bool, error) {
 	if t.closed {
-		return false, fmt.Errorf("shm: %w", net.ErrClosed)
+		return false, errClosed
 	}
 	o := t.out[rank]
 	if o == nil {
@@ -156,7 +159,7 @@ const remoteLen = 20
 // Expose describes buf for a peer's Read: its address in this process.
 func (t *Transport) Expose(buf []byte) (transport.Remote, error) {
 	if t.closed {
-		return nil, fmt.Errorf("shm: %w", net.ErrClosed)
+		return nil, errClosed
 	}
 	r := make([]byte, 0, remoteLen)
 	r = binary.LittleEndian.AppendUint32(r, uint32(os.Getpid()))
@@ -173,7 +176,7 @@ func (t *Transport) Unexpose(transport.Remote) error { return nil }
 // The completion is reported by the next Progress.
 func (t *Transport) Read(rank int, dst []byte, src transport.Remote, cookie uint64) error {
 	if t.closed {
-		return fmt.Errorf("shm: %w", net.ErrClosed)
+		return errClosed
 	}
 	pid, ok := t.pid[rank]
 	if !ok {
@@ -201,7 +204,7 @@ const progressBatch = 32
 // and the completed Reads. A corrupt ring is an error naming its sender.
 func (t *Transport) Progress(h transport.Handler) (int, error) {
 	if t.closed {
-		return 0, fmt.Errorf("shm: %w", net.ErrClosed)
+		return 0, errClosed
 	}
 	n := 0
 	for _, d := range t.done {

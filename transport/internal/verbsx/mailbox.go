@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/xrcrun/xrc/bootstrap"
@@ -47,8 +48,8 @@ func (m *Mailbox) Put(ctx context.Context, rank int, val []byte) error {
 	m.mu.Lock()
 	slot := m.next[rank]
 	m.sent++
-	val = binary.LittleEndian.AppendUint32(append(val[:len(val):len(val)], 0, 0, 0, 0), m.sent)
-	binary.LittleEndian.PutUint32(val[len(val)-mailTag:], uint32(m.boot.Rank()))
+	val = binary.LittleEndian.AppendUint32(slices.Clip(val), uint32(m.boot.Rank())) // a copy: the caller's stays
+	val = binary.LittleEndian.AppendUint32(val, m.sent)
 	m.mu.Unlock()
 	for ; ; slot++ {
 		err := m.boot.Put(ctx, m.key(rank, slot), val)
