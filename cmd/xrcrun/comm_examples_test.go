@@ -22,6 +22,7 @@ func TestLaunchCommExamples(t *testing.T) {
 		want string
 	}{
 		{[]string{"-n", "4", "./examples/ring", "-n", "100"}, "100 laps of 4 ranks"},
+		{[]string{"-n", "1", "./examples/ring", "-n", "3", "-s", "65536"}, "3 laps of 1 ranks"},
 		{[]string{"-n", "4", "./examples/alltoall", "-max", "1048576"}, "every checksum right"},
 		{[]string{"-n", "3", "./examples/pi", "-n", "1000000"}, "pi is approximately 3.14159265358"},
 		{[]string{"-n", "5", "--nodes", "2", "--transport", "xrc", "./examples/pi", "-n", "1000000"}, "1000000 intervals over 5 ranks"},

@@ -30,11 +30,8 @@ func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	devs, err := verbs.Devices()
 	if len(devs) == 0 {
-		if err != nil {
-			return err
-		}
-		fmt.Fprintln(stdout, "No IB devices found")
-		return nil
+		// As ibv_devinfo: no device is a failure, told on stderr.
+		return errors.Join(errNoDevices, err)
 	}
 	var errs []error
 	found := false
@@ -48,10 +45,13 @@ func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 	}
 	if !found {
-		return fmt.Errorf("devices: no device %q", *only)
+		return fmt.Errorf("IB device '%s' wasn't found", *only)
 	}
 	return errors.Join(errs...)
 }
+
+// errNoDevices is runDevices' failure when it finds no device at all.
+var errNoDevices = errors.New("No IB devices found") // ibv_devinfo's words
 
 func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, verbose bool) error {
 	c, err := verbs.Open(ctx, info.Name, verbs.Config{})

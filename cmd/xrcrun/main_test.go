@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/verbs"
 )
 
 // startHCA runs `xrcrun hca` on a free loopback address until the test
@@ -80,8 +81,9 @@ func TestHCAAndDevices(t *testing.T) {
 			t.Errorf("devices -v output lacks %q:\n%s", want, out.String())
 		}
 	}
-	if err := run(context.Background(), []string{"devices", "-d", "nosuch"}, &out, os.Stderr); err == nil {
-		t.Error("devices -d nosuch succeeded")
+	if err := run(context.Background(), []string{"devices", "-d", "nosuch"}, &out, os.Stderr); err == nil ||
+		err.Error() != "IB device 'nosuch' wasn't found" {
+		t.Errorf("devices -d nosuch: %v", err)
 	}
 	// A second device of the same name is refused while the first runs.
 	err := run(context.Background(), []string{"hca", "--name", "soft7", "--addr", "127.0.0.1"}, os.Stdout, &out)
@@ -108,6 +110,22 @@ func TestStaleSocket(t *testing.T) {
 	l.SetUnlinkOnClose(false)
 	l.Close()
 	startHCA(t, "soft8")
+}
+
+// TestNoDevices: with no device, devices fails as ibv_devinfo does, and
+// prints nothing on stdout.
+func TestNoDevices(t *testing.T) {
+	t.Setenv(softhca.RuntimeDirEnv, t.TempDir())
+	if devs, _ := verbs.Devices(); len(devs) > 0 {
+		t.Skipf("this machine has devices: %v", devs)
+	}
+	for _, args := range [][]string{{"devices"}, {"devices", "-d", "nosuch"}} {
+		var out bytes.Buffer
+		err := run(context.Background(), args, &out, os.Stderr)
+		if !errors.Is(err, errNoDevices) || out.Len() > 0 {
+			t.Errorf("xrcrun %q: %v, stdout %q", args, err, out.String())
+		}
+	}
 }
 
 func TestUsage(t *testing.T) {

@@ -30,16 +30,20 @@ func main() {
 	report := flag.Bool("report", false, "print the connection report per node")
 	asJSON := flag.Bool("json", false, "print the connection report as JSON")
 	flag.Parse()
+	if *minSize < 0 || *maxSize < *minSize || *iters < 1 || flag.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "alltoall: want 0 <= -min <= -max and -n >= 1, and no arguments")
+		os.Exit(2)
+	}
 	if err := run(context.Background(), *minSize, *maxSize, *iters, *report, *asJSON); err != nil {
 		fmt.Fprintln(os.Stderr, "alltoall:", err)
 		os.Exit(1)
 	}
 }
 
-// message is the content rank src sends to dst in a round: 8 bytes of
-// checksum over the rest, which is random from a seed both sides know
-// (so the receiver also checks it got the right message, not only an
-// intact one).
+// message is the content rank src sends to dst in a round: random bytes
+// from a seed both sides know. The receiver compares the CRC-64 of what
+// arrived with that of the message it expected, so it checks that it got
+// the right message, not only an intact one.
 func message(src, dst, size, round int) []byte {
 	b := make([]byte, size)
 	rng := rand.New(rand.NewPCG(uint64(src)<<32|uint64(dst), uint64(size)<<16|uint64(round)))

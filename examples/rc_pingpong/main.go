@@ -100,10 +100,20 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("rc_pingpong: at most one host")
 	}
 	if _, err := verbs.MTUFromBytes(o.mtu); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rc_pingpong: -m %d: %w", o.mtu, err)
 	}
-	if o.size < 1 || o.rxDepth < 1 || o.iters < 1 {
+	switch {
+	case o.port < 0 || o.port > 65535:
+		return nil, fmt.Errorf("rc_pingpong: port %d out of range", o.port)
+	case o.ibPort < 1 || o.ibPort > 255:
+		return nil, fmt.Errorf("rc_pingpong: device port %d out of range", o.ibPort)
+	case o.size < 1 || o.rxDepth < 1 || o.iters < 1:
 		return nil, errors.New("rc_pingpong: size, rx-depth and iters must be positive")
+	case o.sl < 0 || o.sl > 15:
+		return nil, fmt.Errorf("rc_pingpong: service level %d out of range", o.sl)
+	case o.gidIdx > 0:
+		// verbs reads a port's GID 0 only (PortAttr.GID).
+		return nil, fmt.Errorf("rc_pingpong: gid index %d: only GID 0 can be used", o.gidIdx)
 	}
 	return o, nil
 }
@@ -335,8 +345,11 @@ func pingpong(ctx context.Context, dev *verbs.Context, o *options, out io.Writer
 	pending := recvWRID
 	if o.server != "" {
 		if o.validate {
+			// ibv_rc_pingpong's marker is i/page_size % sizeof(char),
+			// which is 0 in every page (against the buffer's 0x7b), so
+			// that this tool and the C one check each other's pages.
 			for i := 0; i < o.size; i += 4096 {
-				buf[i] = byte(i / 4096)
+				buf[i] = pageMarker
 			}
 		}
 		if err := qp.PostSend(send); err != nil {
@@ -401,13 +414,17 @@ func pingpong(ctx context.Context, dev *verbs.Context, o *options, out io.Writer
 	fmt.Fprintf(out, "%d iters in %.2f seconds = %.2f usec/iter\n", o.iters, usec/1e6, usec/float64(o.iters))
 	if o.server == "" && o.validate {
 		for i := 0; i < o.size; i += 4096 {
-			if buf[i] != byte(i/4096) {
+			if buf[i] != pageMarker {
 				fmt.Fprintf(out, "invalid data in page %d\n", i/4096)
 			}
 		}
 	}
 	return nil
 }
+
+// pageMarker is what the client writes at the start of each 4 KiB page of
+// its message with -c, and the server checks.
+const pageMarker = 0
 
 // gidString prints a GID as inet_ntop prints an IPv6 address.
 func gidString(g verbs.GID) string { return netip.AddrFrom16(g).String() }
@@ -448,6 +465,10 @@ func serverExchange(ctx context.Context, port int, my dest, connect func(dest) e
 		return dest{}, fmt.Errorf("accept() failed: %w", err)
 	}
 	defer conn.Close()
+	// A peer that connects and then stalls must not hold the server past
+	// a signal.
+	stop = context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	msg := make([]byte, 52)
 	if _, err := io.ReadFull(conn, msg); err != nil {
 		return dest{}, fmt.Errorf("couldn't read remote address: %w", err)

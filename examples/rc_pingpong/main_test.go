@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -130,6 +131,57 @@ func TestSelf(t *testing.T) {
 		if bytes.Contains(out.Bytes(), []byte("invalid data")) {
 			t.Fatalf("%v: %s", args, out.String())
 		}
+	}
+}
+
+func TestFlags(t *testing.T) {
+	for _, args := range [][]string{{"-m", "1000"}, {"-n", "0"}, {"-p", "70000"}, {"-i", "256"}, {"-l", "16"},
+		{"-g", "1"}, {"-g", "300"}, {"a", "b"}, {"-x"}} {
+		if _, err := parse(args, &bytes.Buffer{}); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+	o, err := parse([]string{"-g", "0", "-i", "1", "-l", "15", "host"}, &bytes.Buffer{})
+	if err != nil || o.gidIdx != 0 || o.server != "host" || o.mtu != 1024 {
+		t.Fatalf("options %+v, %v", o, err)
+	}
+}
+
+// TestServerStalledPeer: a server whose peer connects and then sends
+// nothing still ends when its context does (SIGINT, in main).
+func TestServerStalledPeer(t *testing.T) {
+	for _, stallAfter := range []int{0, 52} { // before its address, before "done"
+		ctx, cancel := context.WithCancel(context.Background())
+		port := freePort(t)
+		done := make(chan error, 1)
+		go func() {
+			_, err := serverExchange(ctx, port, dest{}, func(dest) error { return nil })
+			done <- err
+		}()
+		var conn net.Conn
+		for deadline := time.Now().Add(10 * time.Second); conn == nil; time.Sleep(5 * time.Millisecond) {
+			c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+			if err == nil {
+				conn = c
+			} else if time.Now().After(deadline) {
+				t.Fatal(err)
+			}
+		}
+		if stallAfter > 0 {
+			if _, err := conn.Write(dest{qpn: 1}.wire()[:stallAfter]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cancel()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Errorf("stall after %d bytes: the exchange succeeded", stallAfter)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("stall after %d bytes: the server does not end with its context", stallAfter)
+		}
+		conn.Close()
 	}
 }
 

@@ -22,6 +22,10 @@ func main() {
 	report := flag.Bool("report", false, "print the connection report per node")
 	asJSON := flag.Bool("json", false, "print the connection report as JSON")
 	flag.Parse()
+	if *laps < 1 || flag.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "ring: -n must be positive, and there are no arguments")
+		os.Exit(2)
+	}
 	if err := run(context.Background(), *laps, max(*size, 8), *report, *asJSON); err != nil {
 		fmt.Fprintln(os.Stderr, "ring:", err)
 		os.Exit(1)
@@ -36,24 +40,32 @@ func run(ctx context.Context, laps, size int, report, asJSON bool) error {
 	rank, n := w.Rank(), w.Size()
 	next, prev := (rank+1)%n, (rank+n-1)%n
 	tok := make([]byte, size)
+	zero := make([]byte, size) // the token rank 0 starts
 	start := time.Now()
 	for lap := range laps {
 		if rank == 0 {
-			binary.LittleEndian.PutUint64(tok, 0)
-			if err := w.Send(ctx, tok, next, lap); err != nil {
+			// Rank 0 posts the token's return before it sends: with one
+			// rank it sends to itself, and a large Send waits for its
+			// receive.
+			r, err := w.Irecv(tok, prev, lap)
+			if err != nil {
 				return err
 			}
+			if err := w.Send(ctx, zero, next, lap); err != nil {
+				return err
+			}
+			if _, err := r.Wait(ctx); err != nil {
+				return err
+			}
+			if sum, want := binary.LittleEndian.Uint64(tok), uint64(n*(n-1)/2); sum != want {
+				return fmt.Errorf("lap %d: the token came back with %d, want %d", lap, sum, want)
+			}
+			continue
 		}
 		if _, err := w.Recv(ctx, tok, prev, lap); err != nil {
 			return err
 		}
 		sum := binary.LittleEndian.Uint64(tok)
-		if rank == 0 {
-			if want := uint64(n * (n - 1) / 2); sum != want {
-				return fmt.Errorf("lap %d: the token came back with %d, want %d", lap, sum, want)
-			}
-			continue
-		}
 		binary.LittleEndian.PutUint64(tok, sum+uint64(rank))
 		if err := w.Send(ctx, tok, next, lap); err != nil {
 			return err

@@ -270,7 +270,7 @@ func TestFlags(t *testing.T) {
 		}
 	}
 	o, err := parse([]string{"--clients", "4", "-num_tests", "7", "host"}, &bytes.Buffer{})
-	if err != nil || o.clients != 1 || o.iters != 7 || o.server != "host" {
+	if err != nil || o.clients != 1 || o.iters != 7 || o.server != "host" || o.mtu != verbs.MTU2048 {
 		t.Fatalf("a client's options %+v, %v", o, err)
 	}
 	if err := run(context.Background(), []string{"-o"}, &bytes.Buffer{}, &bytes.Buffer{}); !errors.Is(err, verbs.ErrNotSupported) {
