@@ -169,7 +169,7 @@ func (c *Context) QueryPort(port uint8) (verbs.PortAttr, error) {
 	return a, nil
 }
 
-func (c *Context) storeQP(qp *QP)        { c.qps.store(qp) }
+func (c *Context) storeQP(qp *QP) error  { return c.qps.store(qp) }
 func (c *Context) forgetQP(qpn uint32)   { c.qps.forget(qpn) }
 func (c *Context) findQP(qpn uint32) *QP { return c.qps.find(qpn) }
 

@@ -3,6 +3,7 @@
 package mlx4
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"sync"
@@ -221,7 +222,13 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 		MaxSendWR: qp.sq.maxPost, MaxRecvWR: qp.rq.maxPost, MaxSendSGE: uint32(qp.sq.maxGS),
 		MaxRecvSGE: uint32(qp.rq.maxGS), MaxInlineData: uint32(qp.maxInline),
 	}
-	c.storeQP(qp)
+	if err := c.storeQP(qp); err != nil {
+		// Unusable: it could not be found by its completions.
+		req := uverbs.Cmd[uverbs.DestroyQP]{Core: uverbs.DestroyQP{QPHandle: qp.handle}}
+		var r uverbs.DestroyQPResp
+		err = errors.Join(err, uverbs.Exec(c.conn, uverbs.CmdDestroyQP, &req, &r))
+		return nil, errors.Join(err, c.freeRing(qp.mem))
+	}
 	return qp, nil
 }
 

@@ -5,6 +5,8 @@ package mlx4
 import (
 	"sync"
 	"sync/atomic"
+
+	"github.com/xrcrun/xrc/internal/unix"
 )
 
 // numTable finds the QP (or the XRC SRQ) a CQE names, by number, for CQ
@@ -21,7 +23,7 @@ type numTable[T any] struct {
 // qpTable holds a context's QPs by QP number.
 type qpTable struct{ numTable[QP] }
 
-func (t *qpTable) store(qp *QP) { t.put(qp.qpn, qp) }
+func (t *qpTable) store(qp *QP) error { return t.add(qp.qpn, qp) }
 
 const (
 	qpPageShift = 10
@@ -50,10 +52,34 @@ func (t *numTable[T]) find(qpn uint32) *T {
 	return p.qps[qpn&(qpPageSize-1)].Load()
 }
 
+// maxNum is the largest QP or SRQ number: they are 24 bits.
+const maxNum = 1<<24 - 1
+
+// add puts v, a new object, in the table under the number the device gave
+// it, which must be in range and not a live object's. A trusted device
+// gives such numbers; the check keeps a faulty one from growing the table
+// without bound or taking another object's entry.
+func (t *numTable[T]) add(n uint32, v *T) error {
+	if n > maxNum {
+		return unix.Errorf(unix.EPROTO, "the device gave number %#x, beyond 24 bits", n)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.find(n) != nil {
+		return unix.Errorf(unix.EPROTO, "the device gave number %#x, which a live object has", n)
+	}
+	t.putLocked(n, v)
+	return nil
+}
+
 // put puts v in the table under number qpn.
 func (t *numTable[T]) put(qpn uint32, v *T) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.putLocked(qpn, v)
+}
+
+func (t *numTable[T]) putLocked(qpn uint32, v *T) {
 	i := int(qpn >> qpPageShift)
 	ps := t.pages.Load()
 	if ps == nil || i >= len(*ps) {

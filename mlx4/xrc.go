@@ -3,6 +3,8 @@
 package mlx4
 
 import (
+	"errors"
+
 	"github.com/xrcrun/xrc/internal/mlx4abi"
 	"github.com/xrcrun/xrc/internal/unix"
 	"github.com/xrcrun/xrc/internal/uverbs"
@@ -61,7 +63,13 @@ func (c *Context) CreateXRCSRQ(pd verbs.ProviderPD, xrcd verbs.ProviderXRCD, cq 
 		return nil, err
 	}
 	s.handle, s.srqn = r.Core.SRQHandle, r.Core.SRQN
-	c.xsrqs.put(s.srqn, s)
+	if err := c.xsrqs.add(s.srqn, s); err != nil {
+		// Unusable: it could not be found by its completions.
+		req := uverbs.Cmd[uverbs.DestroySRQ]{Core: uverbs.DestroySRQ{SRQHandle: s.handle}}
+		var r uverbs.DestroySRQResp
+		err = errors.Join(err, uverbs.Exec(c.conn, uverbs.CmdDestroySRQ, &req, &r))
+		return nil, errors.Join(err, c.freeRing(s.ring))
+	}
 	return s, nil
 }
 
