@@ -34,6 +34,12 @@ import (
 //   - S, at the first reply from a rank of Y, brings its INI QP to RTS
 //     toward the TGT QP; a rank whose reply came may get frames. Reads
 //     need only the INI QP at RTS.
+//   - A rank of Y that cannot create (or open) the TGT QP fails its own
+//     INI QP toward S's node and puts a refusal in S's mailbox, and S
+//     fails its INI QP toward Y: without the TGT QP it reaches no rank
+//     of Y. The rank that created it also publishes TGT QPN 0, so that
+//     the other ranks of Y that S asked, waiting for the number, fail
+//     too instead of waiting until Close.
 //
 // Bootstrap calls block, so they run in goroutines; the verbs work and
 // the transport's state change only in Progress (Apply).
@@ -63,6 +69,7 @@ type actKind uint8
 const (
 	actRequest actKind = iota // a request came: claim the TGT QP
 	actReply                  // a reply came
+	actRefusal                // a refusal came
 	actCreate                 // the claim succeeded: create the TGT QP
 	actOpen                   // the claim failed: open the TGT QP qpn
 	actFail                   // a bootstrap call toward m.rank failed
@@ -125,8 +132,11 @@ func (l *lazy) readMailbox(ctx context.Context) {
 			return
 		}
 		kind := actRequest
-		if m.kind == msgReply {
+		switch m.kind {
+		case msgReply:
 			kind = actReply
+		case msgRefusal:
+			kind = actRefusal
 		}
 		l.push(action{kind: kind, m: m})
 	})
@@ -146,7 +156,9 @@ func (l *lazy) claim(req message) {
 	case errors.Is(err, bootstrap.ErrKeyExists):
 		var v []byte
 		if v, err = l.boot.Get(l.ctx, tgtKey(me, req.rank)); err == nil {
-			if len(v) != 4 || !validNum(binary.LittleEndian.Uint32(v)) {
+			if len(v) == 4 && binary.LittleEndian.Uint32(v) == 0 {
+				err = errors.New("the rank of this node that claimed it could not create it")
+			} else if len(v) != 4 || !validNum(binary.LittleEndian.Uint32(v)) {
 				err = fmt.Errorf("%w: TGT QP number %x for rank %d", errRecord, v, req.rank)
 			} else {
 				l.push(action{kind: actOpen, m: req, qpn: binary.LittleEndian.Uint32(v)})
@@ -170,6 +182,20 @@ func (l *lazy) publish(rank int, num uint32) {
 		return
 	}
 	l.put(rank, message{kind: msgReply, rank: l.t.cfg.Rank, qpn: num})
+}
+
+// refuse tells rank that this rank could not create (publish) or open
+// the TGT QP of its INI QP ini.
+func (l *lazy) refuse(rank int, ini uint32, publish bool) {
+	if publish {
+		me := l.t.cfg.Nodes[l.t.cfg.Rank]
+		if err := l.boot.Put(l.ctx, tgtKey(me, rank), binary.LittleEndian.AppendUint32(nil, 0)); err != nil {
+			// The node's other ranks that rank asked wait until Close;
+			// rank learns of the failure all the same.
+			l.t.log.Warn("lazy connect: publish a failed TGT QP", "rank", rank, "err", err)
+		}
+	}
+	l.put(rank, message{kind: msgRefusal, rank: l.t.cfg.Rank, qpn: ini})
 }
 
 // Apply carries out the actions the goroutines handed over. Called by
@@ -215,16 +241,18 @@ func (l *lazy) do(p *peer, a action) error {
 		return l.start(p)
 	case actCreate:
 		g, err := t.createTGT(p.Rank)
-		if err != nil {
-			return err
+		if err == nil {
+			err = t.connectTGT(g, p, a.m.qpn, a.m.psn)
 		}
-		if err := t.connectTGT(g, p, a.m.qpn, a.m.psn); err != nil {
+		if err != nil {
+			t.e.Go(func() { l.refuse(p.Rank, a.m.qpn, true) })
 			return err
 		}
 		num := g.qp.Num()
 		t.e.Go(func() { l.publish(p.Rank, num) })
 	case actOpen:
 		if err := t.openTGT(p, a.qpn); err != nil {
+			t.e.Go(func() { l.refuse(p.Rank, a.m.qpn, false) })
 			return err
 		}
 		reply := message{kind: msgReply, rank: t.cfg.Rank, qpn: a.qpn}
@@ -244,6 +272,13 @@ func (l *lazy) do(p *peer, a action) error {
 		}
 		p.Acked = true
 		t.e.MarkDirty(&n.ini)
+	case actRefusal:
+		if !p.asked || n.ini.QP == nil || a.m.qpn != n.ini.QP.Num() {
+			t.m.Bad.Inc()
+			t.log.Warn("lazy connect: an unexpected refusal", "from", p.Rank)
+			return nil
+		}
+		return n.ini.Errorf("rank %d could not create or open the TGT QP of INI QP %#x", p.Rank, a.m.qpn)
 	case actFail:
 		return n.ini.Errorf("lazy connect: %w", a.err)
 	}

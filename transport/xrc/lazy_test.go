@@ -2,6 +2,8 @@ package xrc
 
 import (
 	"bytes"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,4 +177,45 @@ func counterValue(c prometheus.Counter) float64 {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestLazyRefusal: when the rank of a node that claimed a TGT QP cannot
+// create it, the requesting rank's INI QP toward that node fails, and so
+// do the node's other ranks it asked, which waited for the QP's number
+// until Close (and the requester for their replies).
+func TestLazyRefusal(t *testing.T) {
+	cs := clients(t, twoByTwo)
+	j := job(t, twoByTwo, false, softhca.Faults{}, func(c *Config) { c.Lazy, c.Bootstrap = true, cs[c.Rank] })
+	ends := j.ends
+	for _, r := range []int{1, 3} {
+		ends[r].Tr.failTGT = errors.New("no TGT QP today")
+	}
+	refused := map[int]error{}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Millisecond) {
+		for _, to := range []int{1, 3} {
+			if refused[to] == nil {
+				if _, err := ends[0].Tr.TrySend(to, []byte("x")); err != nil {
+					refused[to] = err
+				}
+			}
+		}
+		for _, e := range ends {
+			e.Tr.Progress(e.H)
+		}
+		if refused[1] != nil && refused[3] != nil && ends[1].Tr.nodes[0].ini.Err() != nil && ends[3].Tr.nodes[0].ini.Err() != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sends from rank 0: %v; ranks 1 and 3 toward node 0: %v, %v", refused,
+				ends[1].Tr.nodes[0].ini.Err(), ends[3].Tr.nodes[0].ini.Err())
+		}
+	}
+	for to, err := range refused {
+		if !strings.Contains(err.Error(), "could not create or open the TGT QP") {
+			t.Errorf("send to rank %d: %v", to, err)
+		}
+	}
+	for _, r := range []int{1, 3} {
+		t.Logf("rank %d: %v", r, ends[r].Tr.nodes[0].ini.Err())
+	}
 }

@@ -37,6 +37,9 @@ func (t *Transport) createTGT(rank int) (*tgt, error) {
 	}
 	defer t.e.Timed(time.Now())
 	qp, err := t.xrcd.CreateTgtQP()
+	if err == nil && t.failTGT != nil {
+		err = errors.Join(t.failTGT, qp.Close())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("xrc: TGT QP for rank %d: %w", rank, err)
 	}

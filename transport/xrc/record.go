@@ -114,15 +114,18 @@ func (r *record) tgt(rank int) uint32 {
 
 // Lazy connection messages, put in a rank's mailbox (lazy.go):
 //
-//	0   kind (u8): 1 request, 2 reply; 3 reserved bytes
+//	0   kind (u8): 1 request, 2 reply, 3 refusal; 3 reserved bytes
 //	4   the sender's rank (u32)
 //	8   request: the sender's INI QPN toward the receiver's node;
-//	    reply: the TGT QPN, on the sender's node, of the receiver's INI
-//	12  request: the INI QP's first send PSN; reply: 0
+//	    reply: the TGT QPN, on the sender's node, of the receiver's INI;
+//	    refusal: the receiver's INI QPN, whose TGT QP the sender could
+//	    not create or open
+//	12  request: the INI QP's first send PSN; otherwise 0
 const (
 	msgLen     = 16
 	msgRequest = 1
 	msgReply   = 2
+	msgRefusal = 3
 )
 
 type message struct {
@@ -141,12 +144,12 @@ func (m message) encode() []byte {
 }
 
 func parseMessage(b []byte, n int) (message, error) {
-	if len(b) != msgLen || (b[0] != msgRequest && b[0] != msgReply) || b[1]|b[2]|b[3] != 0 {
+	if len(b) != msgLen || b[0] < msgRequest || b[0] > msgRefusal || b[1]|b[2]|b[3] != 0 {
 		return message{}, fmt.Errorf("%w: connection message of %d bytes", errRecord, len(b))
 	}
 	m := message{kind: b[0], rank: int(binary.LittleEndian.Uint32(b[4:])), qpn: binary.LittleEndian.Uint32(b[8:]),
 		psn: binary.LittleEndian.Uint32(b[12:])}
-	if m.rank >= n || !validNum(m.qpn) || m.psn >= 1<<24 || (m.kind == msgReply && m.psn != 0) {
+	if m.rank >= n || !validNum(m.qpn) || m.psn >= 1<<24 || (m.kind != msgRequest && m.psn != 0) {
 		return message{}, fmt.Errorf("%w: connection message (kind %d) from rank %d, QPN %#x, PSN %#x", errRecord, m.kind, m.rank, m.qpn, m.psn)
 	}
 	return m, nil

@@ -81,6 +81,8 @@ type Transport struct {
 	tgts    map[int]*tgt  // by remote rank: the TGT QP of its INI QP, as this rank holds it
 
 	lz *lazy // nil unless Config.Lazy
+
+	failTGT error // a test hook: createTGT fails with it
 }
 
 // tgt is a TGT QP as this rank holds it: created, or opened.
