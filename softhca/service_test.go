@@ -36,6 +36,12 @@ func TestMain(m *testing.M) {
 	if name := os.Getenv(envXRCClient); name != "" {
 		os.Exit(xrcClientForTest(name))
 	}
+	if name := os.Getenv(envHandOff); name != "" {
+		os.Exit(handOffForTest(name))
+	}
+	if os.Getenv(envHolder) != "" {
+		os.Exit(holderForTest())
+	}
 	if names := os.Getenv(envStreamer); names != "" {
 		os.Exit(streamerForTest(names))
 	}

@@ -42,6 +42,19 @@ func (s *session) run() {
 		s.d.log.Warn("client credentials", "err", err)
 		return
 	}
+	// The session moves data to and from the process that connected, by
+	// its PID. When that process exits, a process it handed the
+	// connection to (a child, say) would keep the session, and a new
+	// process that got the PID would get its data: the session ends.
+	stop, err := unix.WatchExit(s.cred.PID, func() {
+		s.d.log.Debug("client process exited; its connection ends", "pid", s.cred.PID)
+		s.conn.Close()
+	})
+	if err != nil {
+		s.d.log.Warn("client process", "pid", s.cred.PID, "err", err)
+		return
+	}
+	defer stop()
 	buf := make([]byte, maxMessage)
 	oob := make([]byte, unix.RightsSpace(4))
 	var reply []byte

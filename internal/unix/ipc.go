@@ -3,6 +3,7 @@
 package unix
 
 import (
+	"os"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -154,6 +155,38 @@ func PeerClosed(c syscall.Conn) bool {
 		return true // closed here
 	}
 	return closed
+}
+
+// WatchExit calls exited, in a goroutine of its own, once process pid
+// has exited, unless stop is called first. The watch holds a pidfd, which
+// names the process itself, not its number: a process that takes the
+// number over later does not count.
+func WatchExit(pid int, exited func()) (stop func(), err error) {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return nil, Error(asErrno(err), "pidfd_open")
+	}
+	// A pidfd polls readable once its process has exited; the runtime's
+	// poller waits for that.
+	f := os.NewFile(uintptr(fd), "pidfd")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	go func() {
+		if err := rc.Read(func(fd uintptr) bool {
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			n, err := unix.Poll(pfd, 0)
+			for err == unix.EINTR {
+				n, err = unix.Poll(pfd, 0)
+			}
+			return err == nil && n == 1
+		}); err == nil {
+			exited()
+		}
+	}()
+	return func() { f.Close() }, nil
 }
 
 // Geteuid returns the effective user id.

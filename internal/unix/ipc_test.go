@@ -4,10 +4,14 @@ package unix
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -84,5 +88,75 @@ func TestPeerClosed(t *testing.T) {
 	b.Close()
 	if !PeerClosed(a) {
 		t.Error("open, with the peer closed")
+	}
+}
+
+// TestWatchExit: the watch fires once its process exits (before or after
+// the process is reaped, and if it had exited before the watch began),
+// not while it runs, and never once stopped.
+func TestWatchExit(t *testing.T) {
+	start := func() *exec.Cmd {
+		cmd := exec.Command("sleep", "600")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd
+	}
+	watch := func(cmd *exec.Cmd) (chan struct{}, func()) {
+		fired := make(chan struct{})
+		stop, err := WatchExit(cmd.Process.Pid, func() { close(fired) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(stop)
+		return fired, stop
+	}
+	fires := func(what string, fired chan struct{}) {
+		select {
+		case <-fired:
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: the watch did not fire", what)
+		}
+	}
+
+	running := start()
+	fired, _ := watch(running)
+	select {
+	case <-fired:
+		t.Fatal("the watch fired while its process runs")
+	case <-time.After(20 * time.Millisecond):
+	}
+	running.Process.Kill()
+	fires("killed", fired)
+
+	zombie := start()
+	zombie.Process.Kill()
+	for { // until it has exited, unreaped
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", zombie.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), ") Z ") {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	fired, _ = watch(zombie)
+	fires("exited before the watch", fired)
+
+	stopped := start()
+	fired, stop := watch(stopped)
+	stop()
+	stopped.Process.Kill()
+	stopped.Wait()
+	select {
+	case <-fired:
+		t.Fatal("a stopped watch fired")
+	case <-time.After(20 * time.Millisecond):
+	}
+
+	if _, err := WatchExit(stopped.Process.Pid, func() {}); err == nil {
+		t.Error("a watch of a reaped process began")
 	}
 }
