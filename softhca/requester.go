@@ -46,7 +46,8 @@ type swqe struct {
 	npkts  uint32
 	sent   uint32 // packets sent in the current attempt
 	rdGot  uint32 // READ: bytes of response received
-	rdGap  bool   // READ: the rest was asked for again after a lost response
+	rdFrom uint32 // READ: the byte the latest request asked from
+	rdGap  bool   // READ: the rest was asked for again after a lost response; atomic: sent again after an implied NAK
 	done   bool   // READ or atomic: the response arrived
 }
 
@@ -239,7 +240,7 @@ func (p *wqePool) get() *swqe {
 
 func (p *wqePool) put(w *swqe) {
 	w.w.SG, w.w.Inline, w.sg = w.w.SG[:0], w.w.Inline[:0], w.sg[:0]
-	w.sent, w.rdGot, w.rdGap, w.done = 0, 0, false, false
+	w.sent, w.rdGot, w.rdFrom, w.rdGap, w.done = 0, 0, 0, false, false
 	if len(p.free) < wqePoolMax {
 		p.free = append(p.free, w)
 	}
@@ -480,6 +481,7 @@ func (d *Device) buildRequest(q *qp, w *swqe, k uint32) *roce.Packet {
 		// After a lost response, ask for the rest only: the request's
 		// PSN is the first missing response's, its RETH the rest.
 		got := w.rdGot / mtu * mtu
+		w.rdFrom = got
 		p.Opcode = roce.ReadRequest
 		p.PSN = (w.psn + got/mtu) & roce.PSNMask
 		p.VA, p.RKey, p.DMALen = w.w.RemoteAddr+uint64(got), w.w.RKey, w.length-got
@@ -695,6 +697,11 @@ func (d *Device) onAck(q *qp, p *roce.Packet) {
 		if !d.nakApplies(q, p.PSN) {
 			return
 		}
+		if r.rnrUntil != 0 {
+			// Still waiting after an RNR NAK for this PSN, nothing
+			// sent since: a copy, which must not cost a retry.
+			return
+		}
 		if q.rnrRetry != 7 {
 			if r.rnrLeft == 0 {
 				d.counters.RNRNakRetryErr.Add(1)
@@ -817,6 +824,9 @@ func (d *Device) acked(q *qp, psn uint32) {
 		r.refill(q)
 		r.rnrLeft = q.rnrRetry
 		r.nakDone = false
+		// The responder took what an RNR NAK had refused (the NAK was
+		// a late copy): no wait holds the QP back any more.
+		r.rnrUntil = 0
 		if len(r.q) == 0 || q.timeout == 0 {
 			d.eng.setTimer(q, 0)
 		} else if r.rnrUntil == 0 {
@@ -840,20 +850,50 @@ func (d *Device) completeSend(q *qp, w *swqe) {
 	d.eng.wqes.put(w)
 }
 
-func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
+// awaited returns the oldest READ or atomic whose response has not come,
+// if a response with PSN psn can be for a request that was sent; else it
+// counts the response as an error.
+func (d *Device) awaited(q *qp, psn uint32) *swqe {
 	r := &q.req
-	var w *swqe
-	for _, x := range r.q {
-		if x.class == classRead && !x.done {
-			w = x
-			break
-		}
-		if x.rdAtomic() && !x.done {
-			return // responses come in order: this one is not for a READ
+	for _, w := range r.q {
+		if w.rdAtomic() && !w.done {
+			if w.sent == 0 || roce.PSNDiff(psn, r.high) >= 0 {
+				break
+			}
+			return w
 		}
 	}
-	if w == nil || w.sent == 0 || roce.PSNDiff(p.PSN, r.high) >= 0 {
-		d.counters.RcvErrors.Add(1) // a response to a request never sent
+	d.counters.RcvErrors.Add(1) // a response to a request never sent
+	return nil
+}
+
+// otherResponse handles a response that is not the one w awaits (a READ
+// response where an atomic's is due, or the reverse). Responses come in
+// PSN order, so one past w tells that w's was lost (an implied NAK): w is
+// sent again, once until its response comes. One inside w's PSNs is of the
+// wrong kind, an error; one before them a late copy.
+func (d *Device) otherResponse(q *qp, w *swqe, psn uint32) {
+	switch {
+	case roce.PSNDiff(psn, w.lastPSN()) > 0:
+		if !w.rdGap {
+			w.rdGap = true
+			d.counters.ImpliedNakSeqErr.Add(1)
+			q.req.congested()
+			d.rewind(q, w.psn)
+		}
+	case roce.PSNDiff(psn, w.psn) >= 0:
+		d.counters.RcvErrors.Add(1)
+	}
+}
+
+func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
+	r := &q.req
+	w := d.awaited(q, p.PSN)
+	if w == nil {
+		return
+	}
+	if w.class != classRead {
+		d.otherResponse(q, w, p.PSN)
 		return
 	}
 	mtu := q.mtu()
@@ -878,8 +918,14 @@ func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
 		d.eng.setTimer(q, d.eng.nowI.add(d.rto(q)))
 	}
 	n := uint32(len(p.Payload))
-	last := p.Opcode.IsLast()
-	if w.rdGot+n > w.length || !last && n != mtu || last && w.rdGot+n != w.length {
+	first, last := p.Opcode.IsFirst(), p.Opcode.IsLast()
+	// A response stream starts (FIRST or ONLY) where a request asked it
+	// to, and ends (LAST or ONLY) with the READ's last byte. At a byte
+	// asked for again either may come: the first stream's packet there
+	// may have been late, not lost.
+	start := w.rdGot == 0 || w.rdGot == w.rdFrom
+	if first && !start || !first && w.rdGot == 0 || w.rdGot+n > w.length ||
+		!last && (n != mtu || w.rdGot+n == w.length) || last && w.rdGot+n != w.length {
 		if d.debug {
 			d.log.Debug("bad read response", "op", p.Opcode, "psn", p.PSN, "wpsn", w.psn, "npkts", w.npkts, "rdGot", w.rdGot, "n", n, "length", w.length)
 		}
@@ -904,27 +950,24 @@ func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
 }
 
 func (d *Device) onAtomicAck(q *qp, p *roce.Packet) {
-	r := &q.req
-	for _, w := range r.q {
-		if !w.rdAtomic() || w.done {
-			continue
-		}
-		if w.class != classAtomic || w.psn != p.PSN || w.sent == 0 {
-			d.counters.RcvErrors.Add(1)
-			return
-		}
-		d.acked(q, (w.psn-1)&roce.PSNMask)
-		var b [8]byte
-		binary.NativeEndian.PutUint64(b[:], p.OrigData)
-		if !scatter(w.sg, 0, b[:]) {
-			d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
-			return
-		}
-		w.done = true
-		r.rdAtomic--
-		d.acked(q, p.PSN)
+	w := d.awaited(q, p.PSN)
+	if w == nil {
 		return
 	}
+	if w.class != classAtomic || w.psn != p.PSN {
+		d.otherResponse(q, w, p.PSN)
+		return
+	}
+	d.acked(q, (w.psn-1)&roce.PSNMask)
+	var b [8]byte
+	binary.NativeEndian.PutUint64(b[:], p.OrigData)
+	if !scatter(w.sg, 0, b[:]) {
+		d.requestError(q, w, mlx4hw.SyndromeLocalProtErr)
+		return
+	}
+	w.done = true
+	q.req.rdAtomic--
+	d.acked(q, p.PSN)
 }
 
 // rewind makes the requester send again from psn (the oldest outstanding

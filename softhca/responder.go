@@ -100,7 +100,9 @@ func (d *Device) receive(p *roce.Packet) {
 	d.counters.RcvData.Add(uint64(len(p.Payload)))
 	op := p.Opcode
 	q := d.qps.get(p.DestQP)
-	if !op.Valid() || q == nil || op.Transport() != q.xport || q.dgid != p.SrcGID ||
+	// The port's one P_Key is the default partition's, 0xffff, a full
+	// member: a packet matches it with either membership (IBA 10.9.3).
+	if !op.Valid() || q == nil || op.Transport() != q.xport || q.dgid != p.SrcGID || p.PKey&0x7fff != 0x7fff ||
 		q.typ == qpstate.XRCIni && !op.IsResponse() || q.typ == qpstate.XRCTgt && op.IsResponse() {
 		d.counters.RcvErrors.Add(1)
 		if d.debug {
