@@ -22,6 +22,7 @@
 package comm
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -92,7 +93,6 @@ type Comm struct {
 	rank  int
 	size  int
 	ranks []int // world rank of each member
-	seq   uint32
 	coll  int32 // tag of the next internal collective
 	// collComm carries the collectives: c in its collective context.
 	// Made at the first, under the engine's lock.
@@ -516,40 +516,42 @@ func (c *Comm) Recv(ctx context.Context, buf []byte, src, tag int) (Status, erro
 	if err != nil {
 		return Status{}, err
 	}
-	st, err := r.Wait(ctx)
-	if err != nil && !r.isDone() && ctx.Err() != nil {
-		if r.Cancel() {
-			r.release()
-			return Status{}, err
-		}
-		// Matched: the message is coming into buf. The job's end
-		// still ends the wait.
-		st, err = r.Wait(context.WithoutCancel(ctx))
-	}
+	st, err := waitRecv(ctx, r)
 	r.release()
 	return st, err
 }
 
 // Sendrecv sends to dst and receives from src at once, so that two ranks
 // can exchange without ordering their calls.
+//
+// The receive is as Recv's: if ctx ends before a message matches it, it is
+// taken back, and one that has matched is received whatever ctx. The send
+// is as Send's.
 func (c *Comm) Sendrecv(ctx context.Context, sbuf []byte, dst, stag int, rbuf []byte, src, rtag int) (Status, error) {
+	// Both halves' arguments are checked before either starts: a receive
+	// that has matched cannot be taken back.
+	if err := errors.Join(c.checkPeer(dst, "send to"), checkTag(stag, false), c.checkMatch(src, rtag, "receive from")); err != nil {
+		return Status{}, err
+	}
 	rr, err := c.irecv(pooledRequest(c.e), rbuf, src, rtag)
 	if err != nil {
 		return Status{}, err
 	}
 	defer rr.release()
-	sr, err := c.isend(pooledRequest(c.e), sbuf, dst, stag)
-	if err != nil {
-		rr.Cancel()
-		return Status{}, err
+	sr, serr := c.isend(pooledRequest(c.e), sbuf, dst, stag)
+	if serr != nil {
+		if rr.Cancel() {
+			return Status{}, serr
+		}
+		st, rerr := waitRecv(ctx, rr)
+		return st, errors.Join(serr, rerr)
 	}
 	defer sr.release()
-	st, rerr := rr.Wait(ctx)
-	if !rr.isDone() { // the context ended, or the job
-		rr.Cancel() // if no message has matched it
-		return Status{}, rerr
+	st, rerr := waitRecv(ctx, rr)
+	if !rr.isDone() || rr.err == ErrCanceled {
+		return Status{}, rerr // the job ended, or ctx before a message matched
 	}
-	_, serr := sr.Wait(ctx)
+	_, serr = sr.Wait(ctx)
 	return st, errors.Join(rerr, serr)
 }
 
@@ -630,13 +632,16 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	binary.LittleEndian.PutUint64(rec[:], uint64(int64(color)))
 	binary.LittleEndian.PutUint64(rec[8:], uint64(int64(key)))
 	all := make([]byte, len(rec)*c.size)
-	if err := c.Allgather(ctx, rec[:], all); err != nil {
+	// The new context derives from the collective's tag: the ranks agree
+	// on it, as the calls pair up by it, in whatever order concurrent
+	// Splits of c end.
+	var seq int
+	if err := c.run(func(cc *Comm, tag int) error {
+		seq = tag
+		return cc.allgather(ctx, tag, rec[:], all)
+	}); err != nil {
 		return nil, err
 	}
-	c.e.mu.Lock()
-	c.seq++
-	seq := c.seq
-	c.e.mu.Unlock()
 	if color == Undefined {
 		return nil, bad
 	}
@@ -649,10 +654,7 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 		}
 	}
 	slices.SortStableFunc(ms, func(a, b member) int {
-		if a.key != b.key {
-			return a.key - b.key
-		}
-		return a.rank - b.rank
+		return cmp.Or(cmp.Compare(a.key, b.key), cmp.Compare(a.rank, b.rank))
 	})
 	h := fnv.New32a()
 	binary.Write(h, binary.LittleEndian, [3]int64{int64(c.ctx), int64(seq), int64(color)})

@@ -257,6 +257,9 @@ func (e *engine) await(ctx context.Context, cond func() bool, chans func() []<-c
 			if one != nil {
 				select {
 				case <-one:
+					// Take the channels again: one that is replaced
+					// when it closes (a new message's) stays closed.
+					one = nil
 					continue
 				case <-ctx.Done():
 					return ctx.Err()
@@ -268,6 +271,7 @@ func (e *engine) await(ctx context.Context, cond func() bool, chans func() []<-c
 					return ctx.Err()
 				case 1:
 				default:
+					cases = nil // as for one
 					continue
 				}
 			}

@@ -102,7 +102,7 @@ func (e *engine) handOffFor(reqs ...*Request) {
 		return
 	}
 	for _, r := range reqs {
-		if r.isColl() && !r.coll.claimed.Load() {
+		if r != nil && r.isColl() && !r.coll.claimed.Load() {
 			e.handOff()
 			return
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -128,18 +129,37 @@ func (r *Request) doneChan() <-chan struct{} {
 }
 
 // Wait blocks until the request completes or ctx ends, driving the
-// rank's progress meanwhile, and returns its status.
+// rank's progress meanwhile, and returns its status. A request that
+// completed as ctx ended returns how it completed. A nil request (MPI's
+// MPI_REQUEST_NULL) returns at once with an empty status.
 func (r *Request) Wait(ctx context.Context) (Status, error) {
+	if r == nil {
+		return Status{}, nil
+	}
 	if r.isDone() {
 		return r.st, r.err
 	}
 	if r.isColl() {
 		return r.waitColl(ctx)
 	}
-	if err := r.e.await(ctx, r.isDone, func() []<-chan struct{} { return []<-chan struct{}{r.doneChan()} }); err != nil {
+	if err := r.e.await(ctx, r.isDone, func() []<-chan struct{} { return []<-chan struct{}{r.doneChan()} }); err != nil && !r.isDone() {
 		return Status{}, err
 	}
 	return r.st, r.err
+}
+
+// waitRecv waits for receive r. If ctx ends before a message matches, it
+// takes the receive back and returns ctx's error: the buffer is the
+// caller's again, and the message goes to a later receive. One that has
+// matched is received, whatever ctx; the job's end still ends the wait.
+func waitRecv(ctx context.Context, r *Request) (Status, error) {
+	st, err := r.Wait(ctx)
+	if err != nil && ctx.Err() != nil && !r.Cancel() {
+		// Matched, or even done since Wait returned: the message is
+		// coming into the buffer, or there.
+		st, err = r.Wait(context.WithoutCancel(ctx))
+	}
+	return st, err
 }
 
 // waitColl waits for a non-blocking collective. If ctx cannot end and no
@@ -166,6 +186,9 @@ func (r *Request) waitColl(ctx context.Context) (Status, error) {
 	case <-ch:
 		return r.st, r.err
 	case <-ctx.Done():
+		if r.isDone() {
+			return r.st, r.err
+		}
 		return Status{}, ctx.Err()
 	}
 }
@@ -201,6 +224,8 @@ func (r *Request) Cancel() bool {
 // (GOMAXPROCS=1): a loop of Tests does not starve it.
 func (r *Request) Test() (bool, Status, error) {
 	switch {
+	case r == nil: // MPI_REQUEST_NULL
+		return true, Status{}, nil
 	case r.isDone():
 	case r.isColl():
 		r.e.handOffFor(r)
@@ -215,13 +240,14 @@ func (r *Request) Test() (bool, Status, error) {
 }
 
 // Waitall waits for every request and returns their statuses, and the
-// errors of those that failed, joined.
+// errors of those that failed, joined. A nil request is done, with an
+// empty status.
 func Waitall(ctx context.Context, reqs ...*Request) ([]Status, error) {
 	sts := make([]Status, len(reqs))
 	var errs []error
 	for i, r := range reqs {
 		st, err := r.Wait(ctx)
-		if !r.isDone() { // the context ended, or the job
+		if r != nil && !r.isDone() { // the context ended, or the job
 			return sts, err
 		}
 		sts[i] = st
@@ -232,40 +258,49 @@ func Waitall(ctx context.Context, reqs ...*Request) ([]Status, error) {
 
 // Waitany waits until one of reqs completes and returns its index and
 // status. Requests already reported may be passed again: they are ready.
+// Nil requests are left out (as MPI's MPI_REQUEST_NULL); if all are nil,
+// Waitany returns index -1 (MPI_UNDEFINED) and no error.
 func Waitany(ctx context.Context, reqs ...*Request) (int, Status, error) {
 	if len(reqs) == 0 {
 		return -1, Status{}, errors.New("comm: Waitany of no requests")
 	}
+	first := slices.IndexFunc(reqs, func(r *Request) bool { return r != nil })
+	if first < 0 {
+		return -1, Status{}, nil
+	}
 	idx := -1
 	ready := func() bool {
 		for i, r := range reqs {
-			if r.isDone() {
+			if r != nil && r.isDone() {
 				idx = i
 				return true
 			}
 		}
 		return false
 	}
-	if err := reqs[0].e.await(ctx, ready, func() []<-chan struct{} {
-		chans := make([]<-chan struct{}, len(reqs))
-		for i, r := range reqs {
-			chans[i] = r.doneChan()
+	if err := reqs[first].e.await(ctx, ready, func() []<-chan struct{} {
+		var chans []<-chan struct{}
+		for _, r := range reqs {
+			if r != nil {
+				chans = append(chans, r.doneChan())
+			}
 		}
 		return chans
-	}); err != nil {
+	}); err != nil && !ready() {
 		return -1, Status{}, err
 	}
 	return idx, reqs[idx].st, reqs[idx].err
 }
 
-// Testall progresses once and reports whether all reqs are complete.
+// Testall progresses once and reports whether all reqs are complete. A
+// nil request is.
 func Testall(reqs ...*Request) bool {
-	if len(reqs) > 0 {
-		reqs[0].e.handOffFor(reqs...)
-		reqs[0].e.progressOnce()
+	if i := slices.IndexFunc(reqs, func(r *Request) bool { return r != nil }); i >= 0 {
+		reqs[i].e.handOffFor(reqs...)
+		reqs[i].e.progressOnce()
 	}
 	for _, r := range reqs {
-		if !r.isDone() {
+		if r != nil && !r.isDone() {
 			return false
 		}
 	}

@@ -1,0 +1,300 @@
+package comm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestRecvContextRace: a Recv whose context ends just as its message
+// completes returns the message, not the context's error. It used to
+// return the error with the message in buf and gone from the queue: lost.
+// Another goroutine drives rank 0's progress, so that the completion can
+// come while Recv waits on its context.
+func TestRecvContextRace(t *testing.T) {
+	comms := world(t, 2, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := comms[0]
+	dctx, dcancel := context.WithCancel(ctx)
+	driven := make(chan struct{})
+	go func() { c.Recv(dctx, make([]byte, 8), 1, 1<<30); close(driven) }()
+	defer func() { dcancel(); <-driven }()
+	timedOut := 0
+	for i := range 2000 {
+		d := time.Duration(50+i%100) * time.Microsecond
+		go func() {
+			time.Sleep(d)
+			comms[1].Send(ctx, []byte{byte(i), 1, 2, 3}, 0, i)
+		}()
+		buf := make([]byte, 4)
+		rctx, stop := context.WithTimeout(ctx, d)
+		_, err := c.Recv(rctx, buf, 1, i)
+		stop()
+		if err == nil {
+			continue
+		}
+		timedOut++
+		if buf[1] == 1 {
+			t.Fatalf("message %d: Recv returned %v with the message in buf", i, err)
+		}
+		if _, err := c.Recv(ctx, buf, 1, i); err != nil || buf[0] != byte(i) {
+			t.Fatalf("message %d after a Recv that timed out: %v, %v", i, buf, err)
+		}
+	}
+	t.Logf("%d of 2000 Recvs timed out before their message matched", timedOut)
+}
+
+// TestSendrecvContextAfterMatch: a Sendrecv whose context ends after its
+// receive has matched a message still on its way receives it, as Recv
+// does. It used to return the context's error while the message went on
+// into rbuf, taken from every later receive.
+func TestSendrecvContextAfterMatch(t *testing.T) {
+	noPull = true // the receiver waits for rank 1 to push the message
+	defer func() { noPull = false }()
+	comms := world(t, 2, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const size = 100000 // rendezvous
+	s, err := comms[1].Isend(pattern(7, size), 0, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rank 1 pushes only once rank 0's Sendrecv has waited past its
+	// context.
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		s.Wait(ctx)
+	}()
+	rbuf := make([]byte, size)
+	short, stop := context.WithTimeout(ctx, 50*time.Millisecond)
+	st, err := comms[0].Sendrecv(short, nil, 0, 50, rbuf, 1, 3) // to itself, from rank 1
+	stop()
+	if err != nil || st.Count != size || !bytes.Equal(rbuf, pattern(7, size)) {
+		t.Fatalf("Sendrecv: %+v, %v", st, err)
+	}
+	if _, err := comms[0].Recv(ctx, nil, 0, 50); err != nil { // its send to itself
+		t.Fatal(err)
+	}
+}
+
+// TestSendrecvChecksFirst: a Sendrecv whose send is refused (a rank out of
+// range) receives nothing: it used to take a waiting message into rbuf
+// and drop it.
+func TestSendrecvChecksFirst(t *testing.T) {
+	comms := world(t, 2, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := comms[1].Send(ctx, []byte("hello"), 0, 3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := comms[0].Probe(ctx, 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][2]int{{7, 0}, {1, -5}} { // a rank, a tag
+		if _, err := comms[0].Sendrecv(ctx, []byte("x"), bad[0], bad[1], make([]byte, 5), 1, 3); err == nil {
+			t.Fatalf("Sendrecv to rank %d with tag %d succeeded", bad[0], bad[1])
+		}
+	}
+	if ok, _, _ := comms[0].Iprobe(1, 3); !ok {
+		t.Fatal("the message is gone after Sendrecvs that failed their argument check")
+	}
+}
+
+// TestConcurrentDup: two Dups of a communicator from two goroutines, the
+// second started once the first has taken its turn, pair up by that order
+// on every rank. The new context was numbered in the order the calls
+// ended, which can differ between ranks: the first Dup's communicator of
+// one rank talked to the second's of the other.
+func TestConcurrentDup(t *testing.T) {
+	comms := world(t, 2, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// Another goroutine drives rank 0's progress.
+	dctx, dcancel := context.WithCancel(ctx)
+	driven := make(chan struct{})
+	go func() { comms[0].Recv(dctx, make([]byte, 1), 1, 1<<30); close(driven) }()
+	defer func() { dcancel(); <-driven }()
+	turn := func(c *Comm) int32 { c.e.mu.Lock(); defer c.e.mu.Unlock(); return c.coll }
+	for round := range 200 {
+		var firsts, seconds [2]uint32
+		each(t, comms, func(ctx context.Context, c *Comm) error {
+			before := turn(c)
+			errs := make(chan error, 2)
+			dup := func(into *[2]uint32) {
+				n, err := c.Dup(ctx)
+				if err == nil {
+					into[c.Rank()] = n.ctx
+				}
+				errs <- err
+			}
+			go dup(&firsts)
+			for turn(c) == before {
+				time.Sleep(time.Microsecond)
+			}
+			go dup(&seconds)
+			return errors.Join(<-errs, <-errs)
+		})
+		if firsts[0] != firsts[1] || seconds[0] != seconds[1] {
+			t.Fatalf("round %d: the first Dup's context is %#x on rank 0 and %#x on rank 1, the second's %#x and %#x",
+				round, firsts[0], firsts[1], seconds[0], seconds[1])
+		}
+	}
+}
+
+// TestProbeWaitsIdle: a Probe that waits while another goroutine drives
+// progress sleeps, also after a message it does not match came. It used
+// to spin on that message's closed channel, a CPU's worth.
+func TestProbeWaitsIdle(t *testing.T) {
+	comms := world(t, 2, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := comms[0]
+	dctx, dcancel := context.WithCancel(ctx)
+	driven := make(chan struct{})
+	go func() { c.Recv(dctx, make([]byte, 8), 1, 99); close(driven) }()
+	defer func() { dcancel(); <-driven }()
+	time.Sleep(20 * time.Millisecond)
+	pctx, pcancel := context.WithCancel(ctx)
+	probed := make(chan struct{})
+	go func() { c.Probe(pctx, 1, 5); close(probed) }()
+	defer func() { pcancel(); <-probed }()
+	if err := comms[1].Send(ctx, []byte("x"), 0, 7); err != nil { // matches neither
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	c0, w0 := cpu(), time.Now()
+	time.Sleep(500 * time.Millisecond)
+	if used, wall := cpu()-c0, time.Since(w0); used > wall/2 {
+		t.Errorf("waiting, the process used %v of CPU in %v", used, wall)
+	}
+}
+
+// TestSplitKeyOrder: Split orders ranks by key over the whole range of
+// int; the difference of two keys overflowed.
+func TestSplitKeyOrder(t *testing.T) {
+	comms := world(t, 3, nil)
+	keys := []int{1, math.MinInt, math.MaxInt}
+	got := make([]int, 3)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		n, err := c.Split(ctx, 0, keys[c.Rank()])
+		if err == nil {
+			got[c.Rank()] = n.Rank()
+		}
+		return err
+	})
+	if want := []int{1, 0, 2}; !slices.Equal(got, want) {
+		t.Errorf("ranks by key %v: %v, want %v", keys, got, want)
+	}
+}
+
+// TestNilRequests: a nil request is MPI's MPI_REQUEST_NULL: done, with an
+// empty status, and left out by Waitany. They panicked.
+func TestNilRequests(t *testing.T) {
+	c := world(t, 1, nil)[0]
+	ctx := context.Background()
+	s, err := c.Isend([]byte{1}, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Irecv(make([]byte, 1), 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i, st, err := Waitany(ctx, nil, r); i != 1 || st.Count != 1 || err != nil {
+		t.Errorf("Waitany(nil, r): %d, %+v, %v", i, st, err)
+	}
+	if i, _, err := Waitany(ctx, nil, nil); i != -1 || err != nil {
+		t.Errorf("Waitany(nil, nil): %d, %v", i, err)
+	}
+	if sts, err := Waitall(ctx, s, nil, r); err != nil || len(sts) != 3 || sts[1] != (Status{}) {
+		t.Errorf("Waitall(s, nil, r): %+v, %v", sts, err)
+	}
+	if !Testall(nil, s, nil) {
+		t.Error("Testall(nil, s, nil) of done requests: false")
+	}
+	var null *Request
+	if ok, st, err := null.Test(); !ok || st != (Status{}) || err != nil {
+		t.Errorf("Test of nil: %v, %+v, %v", ok, st, err)
+	}
+	if st, err := null.Wait(ctx); st != (Status{}) || err != nil {
+		t.Errorf("Wait of nil: %+v, %v", st, err)
+	}
+}
+
+// TestNonCommutative: reductions apply an operation that does not
+// commute in rank order (2×2 matrix products), on rank counts that are
+// not powers of two.
+func TestNonCommutative(t *testing.T) {
+	matMul := func(dst, a, b []int64) {
+		const p = 1000003
+		for k := 0; k+4 <= len(dst); k += 4 {
+			x, y := a[k:k+4], b[k:k+4]
+			r := [4]int64{(x[0]*y[0] + x[1]*y[2]) % p, (x[0]*y[1] + x[1]*y[3]) % p,
+				(x[2]*y[0] + x[3]*y[2]) % p, (x[2]*y[1] + x[3]*y[3]) % p}
+			copy(dst[k:k+4], r[:])
+		}
+	}
+	mat := func(r, k int) []int64 { // k matrices of rank r
+		v := make([]int64, 4*k)
+		for i := range k {
+			v[4*i], v[4*i+1], v[4*i+2], v[4*i+3] = int64(r+2+i), int64(3*r+1), int64(r*r+i), int64(7+r)
+		}
+		return v
+	}
+	prod := func(lo, hi, k int) []int64 { // of ranks lo..hi, in order
+		acc := mat(lo, k)
+		for r := lo + 1; r <= hi; r++ {
+			matMul(acc, acc, mat(r, k))
+		}
+		return acc
+	}
+	for _, n := range []int{3, 5, 6} {
+		comms := world(t, n, nil)
+		const k = 3
+		each(t, comms, func(ctx context.Context, c *Comm) error {
+			me := c.Rank()
+			send, recv := mat(me, k), make([]int64, 4*k)
+			for _, root := range []int{0, 1, n - 1} {
+				if err := Reduce(ctx, c, send, recv, matMul, root); err != nil {
+					return err
+				}
+				if me == root && !slices.Equal(recv, prod(0, n-1, k)) {
+					return fmt.Errorf("%d ranks: Reduce to %d: %v", n, root, recv)
+				}
+			}
+			if err := Allreduce(ctx, c, send, recv, matMul); err != nil || !slices.Equal(recv, prod(0, n-1, k)) {
+				return fmt.Errorf("%d ranks: Allreduce: %v, %v", n, recv, err)
+			}
+			if err := Scan(ctx, c, send, recv, matMul); err != nil || !slices.Equal(recv, prod(0, me, k)) {
+				return fmt.Errorf("%d ranks: Scan on %d: %v, %v", n, me, recv, err)
+			}
+			if err := Exscan(ctx, c, send, recv, matMul); err != nil || me > 0 && !slices.Equal(recv, prod(0, me-1, k)) {
+				return fmt.Errorf("%d ranks: Exscan on %d: %v, %v", n, me, recv, err)
+			}
+			var blocks []int64 // block b: matrix 10·me+b
+			for b := range n {
+				blocks = append(blocks, mat(10*me+b, 1)...)
+			}
+			out, want := make([]int64, 4), mat(me, 1)
+			for r := 1; r < n; r++ {
+				matMul(want, want, mat(10*r+me, 1))
+			}
+			if err := ReduceScatterBlock(ctx, c, blocks, out, matMul); err != nil || !slices.Equal(out, want) {
+				return fmt.Errorf("%d ranks: ReduceScatterBlock on %d: %v, %v", n, me, out, err)
+			}
+			return nil
+		})
+	}
+}
