@@ -50,9 +50,14 @@ func (r *rig) wantWC(t *testing.T, wrid uint64, st verbs.WCStatus) {
 	}
 }
 
-func readResponse(op roce.Opcode, psn uint32, b []byte) func(p *roce.Packet) {
+// carrying fills in a packet with a payload: a request, or a READ
+// response (an ACK).
+func carrying(op roce.Opcode, psn uint32, b []byte) func(p *roce.Packet) {
 	return func(p *roce.Packet) {
-		p.Opcode, p.PSN, p.Syndrome = op, psn, roce.AETHAck
+		p.Opcode, p.PSN = op, psn
+		if op.IsResponse() {
+			p.Syndrome = roce.AETHAck
+		}
 		p.Payload = append(p.Payload[:0], b...)
 	}
 }
@@ -95,7 +100,7 @@ func TestImpliedNakFromResponses(t *testing.T) {
 		if n := r.d.counters.ImpliedNakSeqErr.Load(); n != 1 {
 			t.Errorf("%d implied NAKs, want 1", n)
 		}
-		r.inject(readResponse(roce.ReadResponseOnly, 0x1234, data))
+		r.inject(carrying(roce.ReadResponseOnly, 0x1234, data))
 		r.inject(atomicAck(0x1235, 42))
 		r.wantWC(t, 1, verbs.WCSuccess)
 		r.wantWC(t, 2, verbs.WCSuccess)
@@ -112,14 +117,14 @@ func TestImpliedNakFromResponses(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.sink.collect(t, 2)
-		r.inject(readResponse(roce.ReadResponseOnly, 0x1235, data))
-		r.inject(readResponse(roce.ReadResponseOnly, 0x1235, data))
+		r.inject(carrying(roce.ReadResponseOnly, 0x1235, data))
+		r.inject(carrying(roce.ReadResponseOnly, 0x1235, data))
 		r.wantSent(t, sent{roce.FetchAdd, 0x1234}, sent{roce.ReadRequest, 0x1235})
 		if n := r.d.counters.ImpliedNakSeqErr.Load(); n != 1 {
 			t.Errorf("%d implied NAKs, want 1", n)
 		}
 		r.inject(atomicAck(0x1234, 42))
-		r.inject(readResponse(roce.ReadResponseOnly, 0x1235, data))
+		r.inject(carrying(roce.ReadResponseOnly, 0x1235, data))
 		r.wantWC(t, 1, verbs.WCSuccess)
 		r.wantWC(t, 2, verbs.WCSuccess)
 	})
@@ -155,7 +160,7 @@ func TestReadResponseSequence(t *testing.T) {
 			}
 			r.sink.collect(t, 1)
 			for i, op := range tc.ops {
-				r.inject(readResponse(op, 0x1234+uint32(i), page))
+				r.inject(carrying(op, 0x1234+uint32(i), page))
 			}
 			want := verbs.WCBadRespErr
 			if tc.ok {
@@ -174,8 +179,8 @@ func TestReadResponseSequence(t *testing.T) {
 				t.Fatal(err)
 			}
 			r.sink.collect(t, 1)
-			r.inject(readResponse(roce.ReadResponseFirst, 0x1234, page))
-			r.inject(readResponse(roce.ReadResponseLast, 0x1236, page)) // 0x1235 lost
+			r.inject(carrying(roce.ReadResponseFirst, 0x1234, page))
+			r.inject(carrying(roce.ReadResponseLast, 0x1236, page)) // 0x1235 lost
 			again := r.sink.collect(t, 1)
 			if again[0].Opcode != roce.ReadRequest || again[0].PSN != 0x1235 || again[0].DMALen != 2048 {
 				t.Fatalf("asked again: %v PSN %#x for %d bytes", again[0].Opcode, again[0].PSN, again[0].DMALen)
@@ -184,8 +189,8 @@ func TestReadResponseSequence(t *testing.T) {
 			if late {
 				op = roce.ReadResponseMiddle // the first answer's, late
 			}
-			r.inject(readResponse(op, 0x1235, page))
-			r.inject(readResponse(roce.ReadResponseLast, 0x1236, page))
+			r.inject(carrying(op, 0x1235, page))
+			r.inject(carrying(roce.ReadResponseLast, 0x1236, page))
 			r.wantWC(t, 1, verbs.WCSuccess)
 		})
 	}
@@ -257,4 +262,44 @@ func TestPKeyChecked(t *testing.T) {
 	if n := r.d.counters.RcvErrors.Load(); n != 2 {
 		t.Errorf("%d receive errors, want 2", n)
 	}
+}
+
+// TestResponderRefuses: a READ or atomic to a QP with no responder
+// resources (max_dest_rd_atomic 0), and a LAST packet with no payload, are
+// invalid requests: NAKed, not carried out. Both were carried out.
+func TestResponderRefuses(t *testing.T) {
+	invalid := func(t *testing.T, r *rig) {
+		t.Helper()
+		got := r.sink.collect(t, 1)
+		if got[0].Opcode != roce.Acknowledge || got[0].Syndrome != roce.AETHNak|roce.NakInvalidRequest {
+			t.Fatalf("answered %v syndrome %#x, want an invalid request NAK", got[0].Opcode, got[0].Syndrome)
+		}
+	}
+	for _, op := range []roce.Opcode{roce.ReadRequest, roce.FetchAdd} {
+		t.Run(op.String(), func(t *testing.T) {
+			r := newRig(t)
+			r.d.mu.Lock()
+			for q := range r.d.qps.all {
+				q.maxDestRdAtomic = 0
+			}
+			r.d.mu.Unlock()
+			mr, err := r.pd.RegMR(r.buf, verbs.AccessLocalWrite|verbs.AccessRemoteRead|verbs.AccessRemoteAtomic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.inject(func(p *roce.Packet) {
+				p.Opcode, p.PSN, p.VA, p.RKey, p.DMALen = op, 0x1234, mr.Addr(), mr.RKey(), 8
+			})
+			invalid(t, r)
+		})
+	}
+	t.Run("EmptyLast", func(t *testing.T) {
+		r := newRig(t)
+		if err := r.qp.PostRecv(&verbs.RecvWR{WRID: 1, SG: []verbs.SGE{r.mr.SGE(0, 4096)}}); err != nil {
+			t.Fatal(err)
+		}
+		r.inject(carrying(roce.SendFirst, 0x1234, bytes.Repeat([]byte{'F'}, 1024)))
+		r.inject(carrying(roce.SendLast, 0x1235, nil))
+		invalid(t, r)
+	})
 }

@@ -154,6 +154,8 @@ func (d *Device) onRequest(q *qp, p *roce.Packet) {
 		return
 	}
 	switch op := p.Opcode; {
+	case (op.IsRead() || op.IsAtomic()) && q.maxDestRdAtomic == 0:
+		d.fatal(q, p, roce.NakInvalidRequest) // no responder resources
 	case op.IsSend():
 		d.recvSend(q, p)
 	case op.IsWrite():
@@ -195,13 +197,17 @@ func (d *Device) nak(q *qp, syndrome uint8, psn uint32) {
 }
 
 // payloadOK checks a packet's payload length against its place in the
-// message: middle and first packets carry exactly one MTU.
+// message: middle and first packets carry exactly one MTU, last ones 1 to
+// an MTU, only ones up to an MTU.
 func payloadOK(q *qp, p *roce.Packet) bool {
 	n := uint32(len(p.Payload))
-	if p.Opcode.IsLast() {
-		return n <= q.mtu()
+	switch {
+	case !p.Opcode.IsLast():
+		return n == q.mtu()
+	case !p.Opcode.IsFirst():
+		return n > 0 && n <= q.mtu()
 	}
-	return n == q.mtu()
+	return n <= q.mtu()
 }
 
 func (d *Device) recvSend(q *qp, p *roce.Packet) {
