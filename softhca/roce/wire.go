@@ -31,6 +31,7 @@ var (
 	ErrOpcode  = errors.New("roce: unknown opcode")
 	ErrVersion = errors.New("roce: unknown transport header version")
 	ErrPad     = errors.New("roce: payload not padded to four bytes")
+	ErrPayload = errors.New("roce: payload in a packet that carries none")
 	ErrICRC    = errors.New("roce: ICRC mismatch")
 )
 
@@ -206,6 +207,9 @@ func ParseTransport(b []byte, p *Packet) error {
 		off += ImmDtLen
 	}
 	payload := b[off:]
+	if !o.HasPayload() && (len(payload) > 0 || p.Pad != 0) {
+		return fmt.Errorf("%w: %v with %d bytes", ErrPayload, o, len(payload))
+	}
 	if int(p.Pad) > len(payload) || len(payload)%4 != 0 {
 		return fmt.Errorf("%w: %d bytes of payload with a pad of %d", ErrPad, len(payload), p.Pad)
 	}

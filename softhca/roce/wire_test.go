@@ -3,6 +3,7 @@ package roce
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"net/netip"
@@ -201,6 +202,23 @@ func TestICRCPieces(t *testing.T) {
 			if got := ICRC(ip, udp, tr); got != want {
 				t.Fatalf("%v, %d bytes in one piece: %08x, want %08x", src, n, got, want)
 			}
+		}
+	}
+}
+
+// TestPayloadWhereNone: a packet whose opcode carries no payload (a READ
+// request, an atomic, an ACK) with bytes after its headers is malformed.
+// They were taken, the bytes ignored.
+func TestPayloadWhereNone(t *testing.T) {
+	for _, op := range []Opcode{ReadRequest, FetchAdd, CompareSwap, Acknowledge, AtomicAcknowledge} {
+		p := Packet{Opcode: op, PSN: 7, PKey: 0xffff}
+		b := p.AppendTransport(nil)
+		var q Packet
+		if err := ParseTransport(b, &q); err != nil {
+			t.Fatalf("%v: %v", op, err)
+		}
+		if err := ParseTransport(append(b, 1, 2, 3, 4), &q); !errors.Is(err, ErrPayload) {
+			t.Errorf("%v with 4 bytes of payload: %v", op, err)
 		}
 	}
 }
