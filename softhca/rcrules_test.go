@@ -303,3 +303,18 @@ func TestResponderRefuses(t *testing.T) {
 		invalid(t, r)
 	})
 }
+
+// TestReservedAETH: an acknowledgement of the reserved AETH kind is
+// counted as an error; it was dropped unseen.
+func TestReservedAETH(t *testing.T) {
+	r := newRig(t)
+	if err := r.qp.PostSend(&verbs.SendWR{WRID: 1, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+		SG: []verbs.SGE{r.mr.SGE(0, 8)}}); err != nil {
+		t.Fatal(err)
+	}
+	r.sink.collect(t, 1)
+	r.inject(func(p *roce.Packet) { p.Opcode, p.PSN, p.Syndrome = roce.Acknowledge, 0x1234, 0x40 })
+	waitFor(t, "receive error", func() bool { return r.d.counters.RcvErrors.Load() == 1 })
+	r.inject(func(p *roce.Packet) { p.Opcode, p.PSN, p.Syndrome = roce.Acknowledge, 0x1234, roce.AETHAck })
+	r.wantWC(t, 1, verbs.WCSuccess)
+}

@@ -745,6 +745,8 @@ func (d *Device) onAck(q *qp, p *roce.Packet) {
 			syn = mlx4hw.SyndromeRemoteAccessErr
 		}
 		d.requestError(q, d.wqeAt(q, p.PSN), syn)
+	default: // the reserved kind, 0x40
+		d.counters.RcvErrors.Add(1)
 	}
 }
 
