@@ -6,8 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 
-	"golang.org/x/sys/unix"
+	"github.com/xrcrun/xrc/internal/unix"
 )
 
 // tempDirs are the temporary directories this process made and has not
@@ -55,7 +56,7 @@ func makeTempDir(pattern string) (string, func(), error) {
 		return "", nil, err
 	}
 	lock, err := lockDir(dir)
-	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOLCK) {
+	if unix.NoLocks(err) {
 		lock, err = nil, nil // no flock here: no lock, no sweep
 	}
 	if err != nil {
@@ -97,7 +98,7 @@ func lockDir(dir string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+	if err := unix.TryLock(f, false); err != nil {
 		f.Close()
 		os.Remove(tmp)
 		return nil, fmt.Errorf("lock %s: %w", tmp, err)
@@ -123,7 +124,7 @@ func holdTempDir(dir string) (func(), error) {
 	if err != nil {
 		return func() {}, err
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+	if err := unix.TryLock(f, false); err != nil {
 		f.Close()
 		return func() {}, err
 	}
@@ -138,8 +139,8 @@ func sweepTempDirs(root string, removed func(dir string)) {
 	dirs, _ := filepath.Glob(filepath.Join(root, tempPrefix+"*"))
 	uid := os.Getuid()
 	for _, dir := range dirs {
-		var st unix.Stat_t
-		if unix.Lstat(dir, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != uid {
+		fi, err := os.Lstat(dir)
+		if err != nil || !fi.IsDir() || int(fi.Sys().(*syscall.Stat_t).Uid) != uid {
 			continue
 		}
 		f, err := os.Open(filepath.Join(dir, lockName))
@@ -148,7 +149,7 @@ func sweepTempDirs(root string, removed func(dir string)) {
 		}
 		host := make([]byte, 256)
 		n, _ := f.Read(host)
-		if string(host[:n]) == hostname() && unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+		if string(host[:n]) == hostname() && unix.TryLock(f, true) == nil {
 			// Its maker is gone; the lock, held while removing, keeps
 			// another sweep from racing this one.
 			os.RemoveAll(dir)

@@ -3,6 +3,7 @@
 package unix
 
 import (
+	"errors"
 	"os"
 	"syscall"
 
@@ -71,6 +72,35 @@ func FileID(fd int) (dev, ino uint64, err error) {
 		return 0, 0, Error(asErrno(err), "fstat")
 	}
 	return st.Dev, st.Ino, nil
+}
+
+// TryLock takes a shared, or with exclusive an exclusive, flock of f
+// without waiting: EWOULDBLOCK if another holds it. The lock lasts until f
+// is closed.
+func TryLock(f *os.File, exclusive bool) error {
+	how := unix.LOCK_SH
+	if exclusive {
+		how = unix.LOCK_EX
+	}
+	if err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB); err != nil {
+		return Error(asErrno(err), "flock")
+	}
+	return nil
+}
+
+// NoLocks reports whether err, of TryLock, says that the file system has
+// no flock.
+func NoLocks(err error) bool {
+	return errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOLCK)
+}
+
+// Dup returns a close-on-exec duplicate of fd.
+func Dup(fd int) (int, error) {
+	nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, Error(asErrno(err), "dup")
+	}
+	return nfd, nil
 }
 
 // Eventfd creates a non-blocking, close-on-exec eventfd.

@@ -1,9 +1,10 @@
 //go:build linux
 
-// Package unix is the only importer of golang.org/x/sys/unix: the thin
-// syscall layer under the verbs providers and the software HCA. It wraps
-// errnos so that callers match them with errors.Is, and it owns the few
-// places where raw addresses become Go memory.
+// Package unix is the only importer of golang.org/x/sys/unix (tests
+// aside): the thin syscall layer under the verbs providers, the software
+// HCA and the launcher. It wraps errnos so that callers match them with
+// errors.Is, and it owns the few places where raw addresses become Go
+// memory.
 package unix
 
 import (
