@@ -160,10 +160,13 @@ func (d *Device) push(q *cq, e *mlx4hw.CQE, solicited bool) {
 }
 
 // failCQUsers moves every QP that completes into q to the error state with
-// a QP fatal event: its completions have nowhere to go. Caller holds d.mu.
+// a QP fatal event: its completions have nowhere to go. An XRC receive QP
+// completes into the CQ of the SRQ of its message: it fails if that is q
+// (bindXRCSRQ fails one whose next message's is). Caller holds d.mu.
 func (d *Device) failCQUsers(q *cq) {
 	for p := range d.qps.all {
-		if (p.scq == q || p.rcq == q) && p.state != qpstate.Err && p.state != qpstate.Reset {
+		uses := p.scq == q || p.rcq == q || p.xrcd != nil && p.resp.xsrq != nil && p.resp.xsrq.cq == q
+		if uses && p.state != qpstate.Err && p.state != qpstate.Reset {
 			d.setState(p, qpstate.Err)
 			d.qpEvent(p, evQPFatal)
 		}

@@ -220,6 +220,22 @@ func (d *Device) allocQPN() uint32 {
 	}
 }
 
+// allocSRQN gives out an SRQ number: 24 bits, as the XRCETH and a CQE's
+// g_mlpath_rqpn carry them, reusing freed ones (the SRQ limit keeps some
+// free). Caller holds d.mu.
+func (d *Device) allocSRQN() uint32 {
+	for {
+		n := d.nextSRQ
+		d.nextSRQ++
+		if d.nextSRQ >= 1<<24 {
+			d.nextSRQ = 1
+		}
+		if d.srqs[n] == nil {
+			return n
+		}
+	}
+}
+
 func (d *Device) cmdDestroyQP(r *request) ([]byte, error) {
 	req, _, err := payload[uverbs.DestroyQP](r)
 	if err != nil {

@@ -176,10 +176,23 @@ func (d *Device) onRequest(q *qp, p *roce.Packet) {
 // the requests: if READ responses of earlier requests are still to be
 // sent, the NAK follows them (a NAK overtaking them would tell the
 // requester that they were lost).
+//
+// Its owners learn of it by an affiliated event, as mlx4 reports a
+// responder's errors (the only way for the openers of an XRC receive QP,
+// which has no CQ): QP_REQ_ERR for an invalid request, QP_ACCESS_ERR for
+// an access error, QP_FATAL for the rest.
 func (d *Device) fatal(q *qp, p *roce.Packet, code uint8) {
 	d.nak(q, roce.AETHNak|code, p.PSN)
 	q.resp.nakFatal = q.resp.nakAfterReads
 	d.setState(q, qpstate.Err)
+	var ev uint32 = evQPFatal
+	switch code {
+	case roce.NakInvalidRequest:
+		ev = evQPReqErr
+	case roce.NakRemoteAccess:
+		ev = evQPAccessErr
+	}
+	d.qpEvent(q, ev)
 }
 
 // nak sends a NAK or an RNR NAK for psn, after the READ responses of

@@ -98,8 +98,7 @@ func (d *Device) createSRQ(r *request, req uverbs.CreateXSRQ, drvb []byte) ([]by
 	if r.outLen < int(unsafeSize(core)) {
 		return nil, unix.Error(unix.ENOSPC, "no room for the response")
 	}
-	s.num = d.nextSRQ
-	d.nextSRQ++
+	s.num = d.allocSRQN()
 	d.srqs[s.num] = s
 	p.usecnt++
 	if ux != nil {

@@ -14,7 +14,9 @@ import (
 // A domain opened from a file is keyed by the file's identity (device and
 // inode numbers) and shared by every client of the device that opens the
 // same file, in any process; one opened with fd -1 is private to its
-// opener. Each OPEN_XRCD gives the client a handle (a uxrcd); the SRQs and
+// opener. The domain keeps the file open while it lives, as the kernel
+// holds the inode: a file removed meanwhile keeps its inode number, which
+// a new file would otherwise get, and with it the domain. Each OPEN_XRCD gives the client a handle (a uxrcd); the SRQs and
 // QPs made or opened through a handle count against it (CLOSE_XRCD fails
 // with EBUSY while they live), and the domain lives while any handle, SRQ
 // or receive QP uses it. An XRC receive (TGT) QP belongs to its domain,
@@ -30,6 +32,7 @@ type xrcd struct {
 	num    uint32
 	key    fileKey
 	shared bool           // keyed by a file, in d.xrcds
+	file   int            // shared: the device's descriptor of the file, held open
 	usecnt int            // open handles, XRC SRQs and receive QPs
 	tgts   map[uint32]*qp // its receive QPs, by number
 }
@@ -69,9 +72,10 @@ func (d *Device) cmdOpenXRCD(r *request) ([]byte, error) {
 	}
 	var x *xrcd
 	var key fileKey
+	var file int
 	shared := int32(req.FD) != -1
 	if shared {
-		if key, err = r.c.fileKey(int32(req.FD)); err != nil {
+		if key, file, err = r.c.fileKey(int32(req.FD)); err != nil {
 			return nil, err
 		}
 		x = d.xrcds[key]
@@ -86,12 +90,15 @@ func (d *Device) cmdOpenXRCD(r *request) ([]byte, error) {
 		if d.nXRCD >= maxXRCD {
 			return nil, unix.Error(unix.ENOMEM, "too many XRC domains")
 		}
-		x = &xrcd{num: d.nextXRCD, key: key, shared: shared, tgts: map[uint32]*qp{}}
-		d.nextXRCD++
-		d.nXRCD++
+		x = &xrcd{num: d.nextXRCD, key: key, shared: shared, file: -1, tgts: map[uint32]*qp{}}
 		if shared {
+			if x.file, err = unix.Dup(file); err != nil {
+				return nil, err
+			}
 			d.xrcds[key] = x
 		}
+		d.nextXRCD++
+		d.nXRCD++
 	}
 	x.usecnt++
 	resp.XRCDHandle = r.c.addObject(&uxrcd{x: x})
@@ -132,31 +139,33 @@ func (d *Device) putXRCD(x *xrcd) {
 	}
 	if x.shared {
 		delete(d.xrcds, x.key)
+		unix.Close(x.file)
 	}
 	d.nXRCD--
 }
 
-// fileKey identifies the file an OPEN_XRCD names by descriptor. The
-// descriptor is the client's: in this process, its own; a client in
-// another process passes the file itself along with the command.
-func (c *Client) fileKey(fd int32) (fileKey, error) {
+// fileKey identifies the file an OPEN_XRCD names by descriptor, and
+// returns the device's descriptor of it (the caller's to dup, not to
+// close). The descriptor is the client's: in this process, its own; a
+// client in another process passes the file itself along with the command.
+func (c *Client) fileKey(fd int32) (fileKey, int, error) {
 	var f int
 	switch {
 	case c.passed != nil:
 		f = c.passed[0]
 	case c.remote:
-		return fileKey{}, unix.Errorf(unix.EBADF, "OPEN_XRCD names descriptor %d, but the client passed no file", fd)
+		return fileKey{}, -1, unix.Errorf(unix.EBADF, "OPEN_XRCD names descriptor %d, but the client passed no file", fd)
 	default:
 		f = int(fd)
 	}
 	if f < 0 {
-		return fileKey{}, unix.Errorf(unix.EBADF, "descriptor %d", fd)
+		return fileKey{}, -1, unix.Errorf(unix.EBADF, "descriptor %d", fd)
 	}
 	dev, ino, err := unix.FileID(f)
 	if err != nil {
-		return fileKey{}, unix.Errorf(unix.EBADF, "descriptor %d: %v", fd, err)
+		return fileKey{}, -1, unix.Errorf(unix.EBADF, "descriptor %d: %v", fd, err)
 	}
-	return fileKey{dev, ino}, nil
+	return fileKey{dev, ino}, f, nil
 }
 
 // createTgtQP makes an XRC receive QP in the domain of ux and its first
@@ -285,6 +294,12 @@ func (d *Device) bindXRCSRQ(q *qp, p *roce.Packet) bool {
 		return false
 	case s.inMsg && x != s.xsrq:
 		d.fatal(q, p, roce.NakInvalidRequest)
+		return false
+	case x.cq.errored:
+		// Its completion would have nowhere to go, as for an RC QP on
+		// an overrun CQ (failCQUsers).
+		d.setState(q, qpstate.Err)
+		d.qpEvent(q, evQPFatal)
 		return false
 	}
 	s.xsrq = x
