@@ -98,7 +98,7 @@ func New(cfg Config) (*Transport, error) {
 			NewSRQ: func(pd *verbs.PD, _ *verbs.CQ) (*verbs.SRQ, error) {
 				return pd.CreateSRQ(verbs.SRQAttr{MaxWR: uint32(cfg.SRQDepth), MaxSGE: 1})
 			}},
-		Name: "rc", Magic: remoteMagic, Rank: cfg.Rank, Peers: vps, Kick: cfg.Kick,
+		Name: "rc", Magic: remoteMagic, Rank: cfg.Rank, Peers: vps, Nodes: cfg.Nodes, Kick: cfg.Kick,
 		Log: t.log, Metrics: m, QPs: qps, RecvQPKey: "qpn"})
 	if err == nil {
 		err = t.createQPs()

@@ -26,6 +26,12 @@ func job(t testing.TB, ctxs []*verbs.Context, mod func(*Config)) []*end {
 	for i := range nodes {
 		nodes[i] = i
 	}
+	return jobOn(t, ctxs, nodes, mod)
+}
+
+// jobOn is job with rank i on node nodes[i].
+func jobOn(t testing.TB, ctxs []*verbs.Context, nodes []int, mod func(*Config)) []*end {
+	t.Helper()
 	ends := make([]*end, len(ctxs))
 	for i, c := range ctxs {
 		k := transporttest.NewKicker()

@@ -164,7 +164,7 @@ func (t *Transport) setup(vps []*verbsx.Peer) error {
 			NewSRQ: func(pd *verbs.PD, cq *verbs.CQ) (*verbs.SRQ, error) {
 				return pd.CreateXRCSRQ(t.xrcd, cq, verbs.SRQAttr{MaxWR: uint32(cfg.SRQDepth), MaxSGE: 1})
 			}},
-		Name: "xrc", Magic: remoteMagic, Rank: cfg.Rank, Peers: vps, Kick: cfg.Kick,
+		Name: "xrc", Magic: remoteMagic, Rank: cfg.Rank, Peers: vps, Nodes: cfg.Nodes, Kick: cfg.Kick,
 		Log: t.log, Metrics: t.m.Metrics, QPs: t.m.iniQPs, RecvQPKey: "tgt_qpn"})
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package transporttest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -108,6 +109,32 @@ func Progress[T Progresser](t testing.TB, ends []*End[T], cond func() bool) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("no progress for 3 minutes")
+		}
+	}
+}
+
+// OneWay sends n frames from rank from to rank to, with no traffic back
+// but what the transports send themselves (credits), and waits for them
+// all to arrive, in order.
+func OneWay[T transport.Transport](t testing.TB, ends []*End[T], from, to, n int) {
+	t.Helper()
+	sent := 0
+	Progress(t, ends, func() bool {
+		for sent < n {
+			ok, err := ends[from].Tr.TrySend(to, Pattern(sent, 8))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				break
+			}
+			sent++
+		}
+		return len(ends[to].H.Frames[from]) == n
+	})
+	for i, f := range ends[to].H.Frames[from] {
+		if !bytes.Equal(f, Pattern(i, 8)) {
+			t.Fatalf("frame %d from rank %d to %d differs", i, from, to)
 		}
 	}
 }

@@ -118,8 +118,9 @@ type Peer struct {
 	// QP on its node).
 	Recorded, Acked bool
 
-	cr    Credits
-	dirty bool // has credits to return (in Endpoint.dirtyPeers)
+	cr      Credits
+	credits uint32 // the frames it may hold unconsumed from this rank: its share
+	dirty   bool   // has credits to return (in Endpoint.dirtyPeers)
 }
 
 // Ready reports whether frames may go to p now.

@@ -23,9 +23,13 @@ type EndpointConfig struct {
 	Name  string
 	Magic byte
 	// Rank is this rank; Peers the remote ranks, by rank (nil for the
-	// ranks of this node).
+	// ranks of this node); Nodes the node of every rank. A rank's receive
+	// buffers are shared among the ranks of the other nodes, so the
+	// credits toward a peer depend on its node's size. Every rank of the
+	// job must have the same SRQDepth.
 	Rank  int
 	Peers []*Peer
+	Nodes []int
 	// Kick wakes the rank (Config.Kick of the transports).
 	Kick    func()
 	Log     *slog.Logger
@@ -97,15 +101,22 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 	e := &Endpoint{name: cfg.Name, magic: cfg.Magic, rank: cfg.Rank, eager: cfg.EagerSize, sendDepth: cfg.SendDepth,
 		peers: cfg.Peers, bySend: map[uint32]*Conn{}, byRecv: map[uint32]*Peer{},
 		kick: cfg.Kick, dev: cfg.Device, log: cfg.Log, m: cfg.Metrics, qps: cfg.QPs, recvKey: cfg.RecvQPKey}
-	remotes := 0
+	if cfg.Rank < 0 || cfg.Rank >= len(cfg.Nodes) || len(cfg.Peers) > len(cfg.Nodes) {
+		return e, fmt.Errorf("%s: rank %d and %d peers of a job of %d ranks", e.name, cfg.Rank, len(cfg.Peers), len(cfg.Nodes))
+	}
+	// Every remote rank gets an equal share of a rank's receive buffers:
+	// the credits of a sender toward it, and what it refunds at.
+	size := map[int]int{} // ranks by node
+	for _, n := range cfg.Nodes {
+		size[n]++
+	}
 	for _, p := range cfg.Peers {
 		if p != nil {
 			p.Conn.name = cfg.Name
-			remotes++
+			p.credits, _ = Shares(cfg.SRQDepth, len(cfg.Nodes)-size[cfg.Nodes[p.Rank]])
 		}
 	}
-	// Every remote rank gets an equal share of the receive buffers.
-	e.credits, e.refund = Shares(cfg.SRQDepth, remotes)
+	e.credits, e.refund = Shares(cfg.SRQDepth, len(cfg.Nodes)-size[cfg.Nodes[cfg.Rank]])
 	var err error
 	e.Core, err = NewCore(cfg.CoreConfig)
 	if err != nil {
@@ -179,7 +190,8 @@ func (e *Endpoint) Reaches(rank int) bool {
 // MaxEager is the size of a receive buffer.
 func (e *Endpoint) MaxEager() int { return e.eager }
 
-// Credits is the frames a sender may have unconsumed at one receiver.
+// Credits is the frames a rank of another node may have unconsumed at this
+// one.
 func (e *Endpoint) Credits() uint32 { return e.credits }
 
 // Peer is rank, once its record was read.

@@ -26,6 +26,10 @@ var progress = transporttest.Progress[*Endpoint]
 // toward peers (by rank, nil for none), with an SRQ of srqDepth buffers.
 func config(c *verbs.Context, rank int, peers []*Peer, srqDepth int, kick func()) EndpointConfig {
 	m := NewMetrics("vx", rank)
+	nodes := make([]int, max(len(peers), rank+1)) // a node each
+	for i := range nodes {
+		nodes[i] = i
+	}
 	return EndpointConfig{
 		CoreConfig: CoreConfig{Device: c, Port: 1,
 			Sizes: Sizes{EagerSize: 256, SRQDepth: srqDepth, SendSlots: 16, SendDepth: 16},
@@ -33,7 +37,7 @@ func config(c *verbs.Context, rank int, peers []*Peer, srqDepth int, kick func()
 			NewSRQ: func(pd *verbs.PD, _ *verbs.CQ) (*verbs.SRQ, error) {
 				return pd.CreateSRQ(verbs.SRQAttr{MaxWR: uint32(srqDepth), MaxSGE: 1})
 			}},
-		Name: "vx", Magic: testMagic, Rank: rank, Peers: peers, Kick: kick,
+		Name: "vx", Magic: testMagic, Rank: rank, Peers: peers, Nodes: nodes, Kick: kick,
 		Log: slog.New(slog.DiscardHandler), Metrics: m, QPs: m.Gauge("qps", "QPs."), RecvQPKey: "qpn"}
 }
 

@@ -32,7 +32,7 @@ func (e *Endpoint) TrySend(rank int, parts ...[]byte) (bool, error) {
 	if ok, err := e.ready(p); !ok {
 		return false, err
 	}
-	if p.cr.Outstanding() >= e.credits {
+	if p.cr.Outstanding() >= p.credits {
 		e.m.CreditStalls.Inc()
 		return false, nil
 	}
