@@ -244,6 +244,18 @@ func (o *Outbox) Notify() {
 	}
 }
 
+// Room tells the owner, a sender to this rank, that its ring here has
+// room again. Unlike Notify it always rings the bell: the owner may have
+// found the ring full and be about to sleep, having read the bell (Seq)
+// before it tried, but not yet marked itself asleep; the ring it then
+// finds tells it to stay awake. It wakes the owner only if it sleeps.
+func (o *Outbox) Room() {
+	o.bell.Add(1)
+	if o.sleep.Load() != 0 {
+		unix.FutexWake(o.bell, 1)
+	}
+}
+
 // Close unmaps the outbox.
 func (o *Outbox) Close() error {
 	err := unix.Munmap(o.mem)

@@ -9,11 +9,13 @@ import (
 )
 
 // A ring carries frames from one producer process to one consumer process
-// through shared memory. It is two control words, each on cache lines of
+// through shared memory. It is three control words, each on cache lines of
 // its own, and a data area whose size is a power of two:
 //
 //	+0    tail: bytes ever written (the producer's; the consumer reads it)
 //	+128  head: bytes ever consumed (the consumer's; the producer reads it)
+//	+192  blocked: non-zero once the producer found the ring full; the
+//	      consumer that makes room clears it and wakes the producer
 //	+256  data
 //
 // A frame is an 8-byte header (the payload length, little endian, and four
@@ -31,6 +33,7 @@ const (
 	wrapMarker  = 0xffffffff
 	tailOff     = 0
 	headOff     = 128
+	blockedOff  = 192
 	minRingData = 4096
 )
 
@@ -56,6 +59,7 @@ func word(b []byte, off int) *atomic.Uint64 {
 // may use it at a time. Its memory belongs to the mapping it was made on.
 type Producer struct {
 	tail, head *atomic.Uint64
+	blocked    *atomic.Uint64
 	data       []byte
 	mask       uint64
 	pos        uint64 // the tail this producer has written up to
@@ -67,6 +71,7 @@ type Producer struct {
 // use it at a time.
 type Consumer struct {
 	tail, head *atomic.Uint64
+	blocked    *atomic.Uint64
 	data       []byte
 	mask       uint64
 	pos        uint64 // the head this consumer has read up to
@@ -74,15 +79,15 @@ type Consumer struct {
 	err        error
 }
 
-func newRing(b []byte) (tail, head *atomic.Uint64, data []byte) {
-	return word(b, tailOff), word(b, headOff), b[ringCtl:]
+func newRing(b []byte) (tail, head, blocked *atomic.Uint64, data []byte) {
+	return word(b, tailOff), word(b, headOff), word(b, blockedOff), b[ringCtl:]
 }
 
 // NewProducer returns the producer of the ring in b (ringBytes(n) bytes
 // for a power-of-two n at least minRingData).
 func NewProducer(b []byte) *Producer {
-	t, h, d := newRing(b)
-	p := &Producer{tail: t, head: h, data: d, mask: uint64(len(d) - 1), res: -1}
+	t, h, bl, d := newRing(b)
+	p := &Producer{tail: t, head: h, blocked: bl, data: d, mask: uint64(len(d) - 1), res: -1}
 	p.pos = t.Load()
 	p.headSeen = h.Load()
 	return p
@@ -90,8 +95,8 @@ func NewProducer(b []byte) *Producer {
 
 // NewConsumer returns the consumer of the ring in b.
 func NewConsumer(b []byte) *Consumer {
-	t, h, d := newRing(b)
-	return &Consumer{tail: t, head: h, data: d, mask: uint64(len(d) - 1), pos: h.Load()}
+	t, h, bl, d := newRing(b)
+	return &Consumer{tail: t, head: h, blocked: bl, data: d, mask: uint64(len(d) - 1), pos: h.Load()}
 }
 
 // MaxFrame is the largest payload a ring of this size carries: a quarter
@@ -116,7 +121,16 @@ func (p *Producer) Reserve(n int) ([]byte, error) {
 	if p.pos+skip+need-p.headSeen > size {
 		p.headSeen = p.head.Load()
 		if p.pos+skip+need-p.headSeen > size {
-			return nil, nil
+			// Full: say so, then look again. A consumer that made room
+			// meanwhile either is seen here or sees the mark (both are
+			// sequentially consistent) and wakes this producer.
+			if p.blocked.Load() == 0 { // a producer that retries writes it once
+				p.blocked.Store(1)
+			}
+			p.headSeen = p.head.Load()
+			if p.pos+skip+need-p.headSeen > size {
+				return nil, nil
+			}
 		}
 	}
 	if skip > 0 {
@@ -203,6 +217,12 @@ func (c *Consumer) Release() {
 	c.pos += c.cur
 	c.cur = 0
 	c.head.Store(c.pos)
+}
+
+// Unblocked reports, once, that the producer had found the ring full since
+// the last call: the caller, which has made room, wakes it.
+func (c *Consumer) Unblocked() bool {
+	return c.blocked.Load() != 0 && c.blocked.Swap(0) != 0
 }
 
 // Pending reports whether a frame (or a corrupt ring) may be waiting.

@@ -207,12 +207,18 @@ func (t *Transport) Progress(h transport.Handler) (int, error) {
 		return 0, errClosed
 	}
 	n := 0
-	for _, d := range t.done {
+	// A Read that ReadDone starts goes to a new list, for the next
+	// Progress.
+	done := t.done
+	t.done = nil
+	for _, d := range done {
 		h.ReadDone(d.cookie, d.err)
 		n++
 	}
-	clear(t.done)
-	t.done = t.done[:0]
+	if t.done == nil {
+		clear(done)
+		t.done = done[:0]
+	}
 	for i, rank := range t.senders {
 		if rank < 0 {
 			continue
@@ -233,8 +239,10 @@ func (t *Transport) Progress(h transport.Handler) (int, error) {
 		}
 		if took > 0 {
 			// A sender that found the ring full may sleep until it has
-			// room: wake it if it does.
-			t.out[rank].Notify()
+			// room: wake it.
+			if c.Unblocked() {
+				t.out[rank].Room()
+			}
 			n += took
 		}
 	}

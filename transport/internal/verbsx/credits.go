@@ -12,10 +12,14 @@ const (
 // Credits is the flow control of the frames between this rank and one
 // peer, both ways, counted modulo 2^31: frames sent to the peer and how
 // many of them it said it consumed; frames of the peer consumed here, and
-// the count last told to it. Owned by the goroutine driving the transport.
+// the count last told to it. A frame counts as consumed once its receive
+// buffer is posted again (Release), not when it is delivered: a credit
+// told before would let the peer send into a buffer not yet there. Owned
+// by the goroutine driving the transport.
 type Credits struct {
 	sent, peerFreed  uint32
 	freed, announced uint32
+	held             uint32 // delivered, their buffers not posted again yet
 }
 
 // Shares divides an SRQ of depth buffers among remotes senders: each may
@@ -58,6 +62,10 @@ func (c *Credits) Received(imm uint32) bool {
 	if imm&CreditOnly != 0 {
 		return false
 	}
-	c.freed++
+	c.held++
 	return true
 }
+
+// Release counts the frames received since the last Release as consumed:
+// their receive buffers are posted again.
+func (c *Credits) Release() { c.freed += c.held; c.held = 0 }

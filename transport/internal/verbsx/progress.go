@@ -37,8 +37,11 @@ func (e *Endpoint) Progress(h transport.Handler) (int, error) {
 	}
 	clear(e.dirtyConns[len(keep):])
 	e.dirtyConns = keep
+	// Poll has posted the buffers of the frames it delivered again: they
+	// may now be told consumed.
 	owe := e.dirtyPeers[:0]
 	for _, p := range e.dirtyPeers {
+		p.cr.Release()
 		if e.returnCredits(p) {
 			owe = append(owe, p)
 		} else {
