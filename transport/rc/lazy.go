@@ -15,16 +15,24 @@ import (
 //   - A rank that first needs a peer (TrySend or Read) makes its QP for it
 //     (INIT) and puts a hello in the peer's mailbox, in the first slot free
 //     (Put of a taken key fails with ErrKeyExists: the next one is tried).
+//
 //   - Each rank reads its own mailbox in order, one Get at a time, in a
 //     goroutine. For a hello from a peer it has no QP for, it makes one
 //     and puts its own hello in the sender's mailbox; then (in either case)
 //     it brings its QP to RTS toward the QPN of the hello.
 //
-// So each side of a connection puts exactly one hello and reads exactly
-// one, whoever started, and two ranks that start at once simply cross.
-// The side that answers reaches RTS first; a frame it sends before the
-// starter is at RTR is retransmitted by RC. Only the bootstrap goroutines
-// block; the verbs work happens in Progress (Apply).
+//   - Once its QP is at RTS, a rank puts a ready in the peer's mailbox.
+//     Nothing goes on the QP until the peer's ready came: the side that
+//     answers reaches RTS first, and what it sent before the starter's QP
+//     is at RTR would be retransmitted only until the retries ran out
+//     (about 3 s), a starter busy computing that long lost the
+//     connection. The starter usually has the answerer's ready by the
+//     time its QP is up.
+//
+// So each side of a connection puts exactly one hello and one ready and
+// reads them from the other, whoever started, and two ranks that start at
+// once simply cross. Only the bootstrap goroutines block; the verbs work
+// happens in Progress (Apply).
 type lazy struct {
 	t    *Transport
 	mbox *verbsx.Mailbox
@@ -52,7 +60,8 @@ func (l *lazy) start(p *peer) error {
 		l.t.e.Fail(&p.conn, err)
 		return err
 	}
-	h := hello{rank: l.t.cfg.Rank, qpn: p.conn.QP.Num(), psn: p.conn.PSN}
+	l.t.e.Hold(&p.conn) // until the peer's ready
+	h := hello{kind: kindHello, rank: l.t.cfg.Rank, qpn: p.conn.QP.Num(), psn: p.conn.PSN}
 	l.t.e.Go(func() { l.put(p.Rank, h) })
 	return nil
 }
@@ -107,9 +116,14 @@ func (l *lazy) Apply() {
 	}
 	for _, h := range hs {
 		p := t.peers[h.rank]
-		if p == nil || p.conn.State() == verbsx.ConnReady {
+		if p != nil && h.kind == kindReady && !p.peerReady {
+			p.peerReady = true
+			l.release(p)
+			continue
+		}
+		if p == nil || h.kind != kindHello || p.conn.State() == verbsx.ConnReady {
 			t.m.Bad.Inc()
-			t.log.Warn("lazy connect: unexpected request", "from", h.rank)
+			t.log.Warn("lazy connect: unexpected message", "from", h.rank, "kind", h.kind)
 			continue
 		}
 		if p.conn.State() == verbsx.ConnFailed {
@@ -122,6 +136,16 @@ func (l *lazy) Apply() {
 			t.e.Fail(&p.conn, err)
 			continue
 		}
-		t.e.MarkDirty(&p.conn)
+		ready := hello{kind: kindReady, rank: t.cfg.Rank, qpn: p.conn.QP.Num()}
+		t.e.Go(func() { l.put(p.Rank, ready) })
+		l.release(p)
+	}
+}
+
+// release lets frames and reads go to p once both QPs are up: this
+// rank's, and the peer's (its ready came).
+func (l *lazy) release(p *peer) {
+	if p.peerReady && p.conn.State() == verbsx.ConnReady {
+		l.t.e.Release(&p.conn)
 	}
 }

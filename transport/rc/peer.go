@@ -10,6 +10,9 @@ type peer struct {
 	verbsx.Peer
 	conn verbsx.Conn
 	rec  *record // from Connect; nil before
+	// peerReady says the peer's QP is up (lazy connection: its ready
+	// came).
+	peerReady bool
 }
 
 func newPeer(rank int) *peer {

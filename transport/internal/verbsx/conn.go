@@ -30,6 +30,7 @@ type Conn struct {
 	sqUsed, readsOut int
 	pending          []Chunk // RDMA READs waiting for room or for the QP
 	dirty            bool    // in Endpoint.dirtyConns
+	held             bool    // nothing goes on the QP until Release (Hold)
 
 	// Whom the QP reaches, for errors and logs: the transport's name (set
 	// by NewEndpoint), and the rank, or with node the node, id.
@@ -124,4 +125,21 @@ type Peer struct {
 }
 
 // Ready reports whether frames may go to p now.
-func (p *Peer) Ready() bool { return p.Acked && p.Conn.state == ConnReady }
+func (p *Peer) Ready() bool { return p.Acked && p.Conn.up() }
+
+// up reports whether work may go on c's QP.
+func (c *Conn) up() bool { return c.state == ConnReady && !c.held }
+
+// Hold keeps frames, credit messages and reads off c's QP, even once it is
+// up, until Release: for a transport whose peer's QP may not be ready to
+// receive when this one is (a lazy RC connection whose other side has not
+// said so yet). What the QP would carry waits, as before it was up.
+func (e *Endpoint) Hold(c *Conn) { c.held = true }
+
+// Release lets work go on c's QP again, and posts its waiting reads.
+func (e *Endpoint) Release(c *Conn) {
+	if c.held {
+		c.held = false
+		e.MarkDirty(c)
+	}
+}

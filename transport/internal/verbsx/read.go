@@ -53,7 +53,7 @@ func (e *Endpoint) Read(rank int, dst []byte, src transport.Remote, cookie uint6
 
 // postReads posts c's waiting reads while its QP has room for them.
 func (e *Endpoint) postReads(c *Conn) {
-	if c.state != ConnReady {
+	if !c.up() {
 		return
 	}
 	for len(c.pending) > 0 && c.readsOut < e.Core.MaxRd && c.sqUsed < e.sendDepth-1 && e.Core.Reads.Room() {

@@ -1,0 +1,57 @@
+package rc
+
+import (
+	"testing"
+	"time"
+
+	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/verbs"
+)
+
+// TestLazyStarterBusy: rank 0 starts a lazy connection (a TrySend) and
+// then computes for longer than the transport's retries last (about 3 s)
+// without calling Progress. Rank 1 answers at once and its QP is up, but
+// rank 0's stays in INIT until its next Progress: rank 1 must send nothing
+// until rank 0 says its QP is up. It sent, its retries ran out, and it
+// failed rank 0 for good.
+func TestLazyStarterBusy(t *testing.T) {
+	cs := clients(t, 2)
+	var ctxs []*verbs.Context
+	for range 2 {
+		_, c := newDevice(t, softhca.Faults{})
+		ctxs = append(ctxs, c)
+	}
+	ends := job(t, ctxs, func(c *Config) { c.Lazy, c.Bootstrap = true, cs[c.Rank] })
+	if ok, err := ends[0].Tr.TrySend(1, []byte("from 0")); ok || err != nil {
+		t.Fatalf("the first TrySend: %v, %v; want false, connecting", ok, err)
+	}
+	sent := false
+	for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(time.Millisecond) { // rank 0 is busy
+		if _, err := ends[1].Tr.Progress(ends[1].H); err != nil {
+			t.Fatal(err)
+		}
+		if !sent {
+			ok, err := ends[1].Tr.TrySend(0, []byte("from 1"))
+			if err != nil {
+				t.Fatalf("rank 1: %v", err)
+			}
+			sent = ok
+		}
+	}
+	if sent {
+		t.Error("rank 1 sent before rank 0's QP was up")
+	}
+	sent0 := false
+	progress(t, ends, func() bool {
+		for r, s := range []*bool{&sent0, &sent} {
+			if !*s {
+				ok, err := ends[r].Tr.TrySend(1-r, []byte("from "+string(rune('0'+r))))
+				if err != nil {
+					t.Fatalf("rank %d: %v", r, err)
+				}
+				*s = ok
+			}
+		}
+		return len(ends[0].H.Frames[1]) == 1 && len(ends[1].H.Frames[0]) == 1
+	})
+}
