@@ -192,16 +192,7 @@ func (d *Device) cmdRegMR(r *request) ([]byte, error) {
 
 // allocMRIndex finds a free key index.
 func (d *Device) allocMRIndex() uint32 {
-	for {
-		i := d.nextMR
-		d.nextMR++
-		if d.nextMR >= 1<<24 {
-			d.nextMR = 1
-		}
-		if _, used := d.mrs[i]; !used {
-			return i
-		}
-	}
+	return allocNum(&d.nextMR, 1, 1<<24, func(i uint32) bool { return d.mrs[i] != nil })
 }
 
 func (d *Device) cmdDeregMR(r *request) ([]byte, error) {

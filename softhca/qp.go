@@ -208,29 +208,26 @@ func (d *Device) cmdCreateQP(r *request) ([]byte, error) {
 // allocQPN gives out QP numbers in order, skipping those in use, so that a
 // number is not reused soon after its QP is destroyed.
 func (d *Device) allocQPN() uint32 {
-	for {
-		n := d.nextQPN
-		d.nextQPN++
-		if d.nextQPN >= 1<<23 {
-			d.nextQPN = firstQPN
-		}
-		if d.qps.getIndex(n) == nil {
-			return n
-		}
-	}
+	return allocNum(&d.nextQPN, firstQPN, 1<<23, func(n uint32) bool { return d.qps.getIndex(n) != nil })
 }
 
 // allocSRQN gives out an SRQ number: 24 bits, as the XRCETH and a CQE's
 // g_mlpath_rqpn carry them, reusing freed ones (the SRQ limit keeps some
 // free). Caller holds d.mu.
 func (d *Device) allocSRQN() uint32 {
+	return allocNum(&d.nextSRQ, 1, 1<<24, func(n uint32) bool { return d.srqs[n] != nil })
+}
+
+// allocNum gives out the number *next, or the first after it not used, in
+// [first, limit), from first again after limit, and moves *next past it.
+// Some number must be free (the device's object limits see to it).
+func allocNum(next *uint32, first, limit uint32, used func(uint32) bool) uint32 {
 	for {
-		n := d.nextSRQ
-		d.nextSRQ++
-		if d.nextSRQ >= 1<<24 {
-			d.nextSRQ = 1
+		n := *next
+		if *next++; *next >= limit {
+			*next = first
 		}
-		if d.srqs[n] == nil {
+		if !used(n) {
 			return n
 		}
 	}

@@ -30,25 +30,7 @@ func TestLazy(t *testing.T) {
 	}
 	send := func(from, to int, n int) {
 		t.Helper()
-		sent := 0
-		progress(t, ends, func() bool {
-			for sent < n {
-				ok, err := ends[from].Tr.TrySend(to, pattern(from+to, 100+sent))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !ok {
-					break
-				}
-				sent++
-			}
-			return len(ends[to].H.Frames[from]) == n
-		})
-		for i, f := range ends[to].H.Frames[from] {
-			if !bytes.Equal(f, pattern(from+to, 100+i)) {
-				t.Fatalf("frame %d from %d to %d differs", i, from, to)
-			}
-		}
+		transporttest.OneWay(t, ends, from, to, n)
 	}
 	send(0, 1, 300) // more than the credits: rank 1 returns them over its own INI QP
 	type want struct{ ini, created, opened int }
