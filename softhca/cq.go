@@ -161,15 +161,24 @@ func (d *Device) push(q *cq, e *mlx4hw.CQE, solicited bool) {
 
 // failCQUsers moves every QP that completes into q to the error state with
 // a QP fatal event: its completions have nowhere to go. An XRC receive QP
-// completes into the CQ of the SRQ of its message: it fails if that is q
-// (bindXRCSRQ fails one whose next message's is). Caller holds d.mu.
+// has no CQ of its own: it completes into the CQ of its message's SRQ, and
+// fails when a completion of its finds that CQ overrun (completeRecv,
+// recvError) or a message of its names an SRQ whose CQ is (bindXRCSRQ), as
+// hardware fails the QPs that write into an overrun CQ. Caller holds d.mu.
 func (d *Device) failCQUsers(q *cq) {
 	for p := range d.qps.all {
-		uses := p.scq == q || p.rcq == q || p.xrcd != nil && p.resp.xsrq != nil && p.resp.xsrq.cq == q
-		if uses && p.state != qpstate.Err && p.state != qpstate.Reset {
-			d.setState(p, qpstate.Err)
-			d.qpEvent(p, evQPFatal)
+		if p.scq == q || p.rcq == q {
+			d.failCQUser(p)
 		}
+	}
+}
+
+// failCQUser moves q, whose completions have nowhere to go, to the error
+// state with a QP fatal event. Caller holds d.mu.
+func (d *Device) failCQUser(q *qp) {
+	if q.state != qpstate.Err && q.state != qpstate.Reset && !q.destroyed {
+		d.setState(q, qpstate.Err)
+		d.qpEvent(q, evQPFatal)
 	}
 }
 

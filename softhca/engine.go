@@ -47,6 +47,7 @@ type engine struct {
 	runNext  []*qp          // the other half of runq's double buffer
 	acks     []*qp          // QPs owing an acknowledgement
 	overrun  []*cq          // CQs that overran this round
+	cqLost   []*qp          // XRC receive QPs whose completion found its CQ overrun
 	readq    []*qp          // QPs with READ responses to send
 	readNext []*qp          // the other half of readq's double buffer
 	errq     []*qp          // QPs in the error state with a receive queue to flush
@@ -364,6 +365,11 @@ func (e *engine) round() bool {
 	}
 	clear(e.overrun)
 	e.overrun = e.overrun[:0]
+	for _, q := range e.cqLost {
+		d.failCQUser(q)
+	}
+	clear(e.cqLost)
+	e.cqLost = e.cqLost[:0]
 	for _, q := range e.acks {
 		if !q.destroyed {
 			d.sendAck(q)

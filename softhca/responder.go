@@ -432,6 +432,15 @@ func (d *Device) completeRecv(q *qp, e *mlx4hw.CQE, solicited bool) {
 	e.WQEIndex = uint16(s.recvIdx)
 	d.push(rcq, e, solicited)
 	s.inMsg, s.hasRecv, s.wm = false, false, nil
+	d.lostCompletion(q, rcq)
+}
+
+// lostCompletion fails an XRC receive QP, at the end of the round, if
+// the CQ it completed into is overrun (failCQUsers).
+func (d *Device) lostCompletion(q *qp, c *cq) {
+	if q.xrcd != nil && c.errored {
+		d.eng.cqLost = append(d.eng.cqLost, q)
+	}
 }
 
 // recvError completes the receive WQE in progress with an error.
@@ -446,6 +455,7 @@ func (d *Device) recvError(q *qp, syndrome uint8) {
 	e := mlx4hw.CQE{MyQPN: q.num, GMLPath: rqpn, WQEIndex: uint16(s.recvIdx), Opcode: mlx4hw.CQEOpError, Syndrome: syndrome}
 	d.push(rcq, &e, true)
 	s.hasRecv, s.inMsg = false, false
+	d.lostCompletion(q, rcq)
 }
 
 func (d *Device) recvRead(q *qp, p *roce.Packet) {

@@ -296,10 +296,8 @@ func (d *Device) bindXRCSRQ(q *qp, p *roce.Packet) bool {
 		d.fatal(q, p, roce.NakInvalidRequest)
 		return false
 	case x.cq.errored:
-		// Its completion would have nowhere to go, as for an RC QP on
-		// an overrun CQ (failCQUsers).
-		d.setState(q, qpstate.Err)
-		d.qpEvent(q, evQPFatal)
+		// Its completion would have nowhere to go (failCQUsers).
+		d.failCQUser(q)
 		return false
 	}
 	s.xsrq = x

@@ -1,6 +1,8 @@
 package rc
 
 import (
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,4 +56,26 @@ func TestLazyStarterBusy(t *testing.T) {
 		}
 		return len(ends[0].H.Frames[1]) == 1 && len(ends[1].H.Frames[0]) == 1
 	})
+}
+
+// TestLazyRefusal: a rank that cannot bring its QP up for a peer's hello
+// refuses it, and the peer's connection fails; it waited for a ready that
+// would never come.
+func TestLazyRefusal(t *testing.T) {
+	cs := clients(t, 2)
+	var ctxs []*verbs.Context
+	for range 2 {
+		_, c := newDevice(t, softhca.Faults{})
+		ctxs = append(ctxs, c)
+	}
+	ends := job(t, ctxs, func(c *Config) { c.Lazy, c.Bootstrap = true, cs[c.Rank] })
+	ends[1].Tr.failBringUp = errors.New("no QP today")
+	var err error
+	progress(t, ends, func() bool {
+		_, err = ends[0].Tr.TrySend(1, []byte("x"))
+		return err != nil
+	})
+	if !strings.Contains(err.Error(), "could not bring its QP up") {
+		t.Fatalf("rank 0's send: %v", err)
+	}
 }

@@ -21,7 +21,9 @@ import (
 //     and puts its own hello in the sender's mailbox; then (in either case)
 //     it brings its QP to RTS toward the QPN of the hello.
 //
-//   - Once its QP is at RTS, a rank puts a ready in the peer's mailbox.
+//   - Once its QP is at RTS, a rank puts a ready in the peer's mailbox, or
+//     a refusal if it could not make or bring up its QP (the peer then
+//     fails the connection, which would otherwise wait for the ready).
 //     Nothing goes on the QP until the peer's ready came: the side that
 //     answers reaches RTS first, and what it sent before the starter's QP
 //     is at RTR would be retransmitted only until the retries ran out
@@ -116,9 +118,13 @@ func (l *lazy) Apply() {
 	}
 	for _, h := range hs {
 		p := t.peers[h.rank]
-		if p != nil && h.kind == kindReady && !p.peerReady {
+		switch {
+		case p != nil && h.kind == kindReady && !p.peerReady:
 			p.peerReady = true
 			l.release(p)
+			continue
+		case p != nil && h.kind == kindRefusal:
+			t.e.Fail(&p.conn, p.conn.Errorf("lazy connect: rank %d could not bring its QP up", p.Rank))
 			continue
 		}
 		if p == nil || h.kind != kindHello || p.conn.State() == verbsx.ConnReady {
@@ -126,14 +132,18 @@ func (l *lazy) Apply() {
 			t.log.Warn("lazy connect: unexpected message", "from", h.rank, "kind", h.kind)
 			continue
 		}
+		refusal := hello{kind: kindRefusal, rank: t.cfg.Rank, qpn: h.qpn}
 		if p.conn.State() == verbsx.ConnFailed {
+			t.e.Go(func() { l.put(p.Rank, refusal) })
 			continue
 		}
 		if err := l.start(p); err != nil {
+			t.e.Go(func() { l.put(p.Rank, refusal) })
 			continue
 		}
 		if err := t.bringUp(p, h.qpn, h.psn); err != nil {
 			t.e.Fail(&p.conn, err)
+			t.e.Go(func() { l.put(p.Rank, refusal) })
 			continue
 		}
 		ready := hello{kind: kindReady, rank: t.cfg.Rank, qpn: p.conn.QP.Num()}

@@ -59,18 +59,21 @@ func parseRecord(b []byte, n int) (*record, error) {
 }
 
 // A lazy connection message, put in the peer's mailbox (see lazy.go): a
-// hello, or a ready once the sender's QP is up.
+// hello, a ready once the sender's QP is up, or a refusal if it could not
+// be brought up.
 //
 //	0   version (u8) = 1
-//	1   kind (u8): 0 hello, 1 ready; 2 reserved bytes
+//	1   kind (u8): 0 hello, 1 ready, 2 refusal; 2 reserved bytes
 //	4   the sender's rank (u32)
-//	8   the sender's QPN for the receiver (u32)
-//	12  hello: its first send PSN (u32); ready: 0
+//	8   hello, ready: the sender's QPN for the receiver (u32); refusal: the
+//	    receiver's QPN of the hello refused
+//	12  hello: its first send PSN (u32); otherwise 0
 const (
 	helloVersion = 1
 	helloLen     = 16
 	kindHello    = 0
 	kindReady    = 1
+	kindRefusal  = 2
 )
 
 type hello struct {
@@ -89,12 +92,12 @@ func (h hello) encode() []byte {
 }
 
 func parseHello(b []byte, n int) (hello, error) {
-	if len(b) != helloLen || b[0] != helloVersion || b[1] > kindReady || b[2]|b[3] != 0 {
+	if len(b) != helloLen || b[0] != helloVersion || b[1] > kindRefusal || b[2]|b[3] != 0 {
 		return hello{}, fmt.Errorf("%w: connection request of %d bytes", errRecord, len(b))
 	}
 	h := hello{kind: b[1], rank: int(binary.LittleEndian.Uint32(b[4:])), qpn: binary.LittleEndian.Uint32(b[8:]),
 		psn: binary.LittleEndian.Uint32(b[12:])}
-	if h.rank >= n || h.qpn == 0 || h.qpn >= 1<<24 || h.psn >= 1<<24 || h.kind == kindReady && h.psn != 0 {
+	if h.rank >= n || h.qpn == 0 || h.qpn >= 1<<24 || h.psn >= 1<<24 || h.kind != kindHello && h.psn != 0 {
 		return hello{}, fmt.Errorf("%w: connection request from rank %d, QPN %#x, PSN %#x", errRecord, h.rank, h.qpn, h.psn)
 	}
 	return h, nil

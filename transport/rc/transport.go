@@ -65,6 +65,8 @@ type Transport struct {
 	peers []*peer // by rank; nil for this node's ranks
 
 	lz *lazy // nil unless Config.Lazy
+
+	failBringUp error // a test hook: bringUp fails with it
 }
 
 var _ transport.Transport = (*Transport)(nil)
@@ -147,7 +149,11 @@ func (t *Transport) createQP(p *peer) error {
 // first PSN is psn.
 func (t *Transport) bringUp(p *peer, qpn, psn uint32) error {
 	to := verbsx.Dest{GID: p.rec.gid, MTU: p.rec.mtu, QPN: qpn, PSN: psn}
-	if err := t.e.BringUp(&p.conn, to, true); err != nil {
+	err := t.failBringUp
+	if err == nil {
+		err = t.e.BringUp(&p.conn, to, true)
+	}
+	if err != nil {
 		return fmt.Errorf("rc: connect to rank %d (QPN %#x): %w", p.Rank, qpn, err)
 	}
 	return nil

@@ -325,8 +325,10 @@ func testXRCRemovedDomainFile(t *testing.T, env Env) {
 }
 
 // testXRCCQOverrun overruns the CQ of an XRC SRQ: the receive QP whose
-// completions go there fails, as an RC QP on an overrun CQ does, and does
-// not go on taking messages whose completions are lost.
+// completion finds it overrun fails, as an RC QP on an overrun CQ does, and
+// does not go on taking messages whose completions are lost. Another
+// receive QP, whose last message went to that SRQ but completed before,
+// goes on (hardware fails the QPs that write into the overrun CQ only).
 func testXRCCQOverrun(t *testing.T, env Env) {
 	o := defaultOpts()
 	o.timeout, o.retryCnt = 12, 1 // 16.8 ms, once
@@ -344,18 +346,46 @@ func testXRCCQOverrun(t *testing.T, env Env) {
 	for i := range 64 {
 		postXRecv(t, srq, p.b, uint64(i), i*64, 64)
 	}
-	// The CQ holds CQE()+1 completions (mlx4 reports one less than its
-	// entries): one message more overruns it. That one may be lost.
+	send := func(qp *verbs.QP, wrid uint64, srqn uint32) {
+		t.Helper()
+		check(t, qp.PostSend(&verbs.SendWR{WRID: wrid, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+			SG: []verbs.SGE{p.a.mr.SGE(0, 8)}, RemoteSRQNum: srqn}))
+	}
+	// The pair's receive QP: one message into the small CQ, polled.
+	send(p.a.qp, 100, srq.Num())
+	pollOne(t, p.a.cq, verbs.WCSuccess, 100)
+	pollOne(t, cq, verbs.WCSuccess, 0)
+
+	// A second pair overruns it. The CQ holds CQE()+1 completions (mlx4
+	// reports one less than its entries): one message more overruns it,
+	// and that one may be lost.
+	ini, err := p.a.pd.CreateQP(&verbs.QPInitAttr{Type: verbs.QPTXRCIni, SendCQ: p.a.cq,
+		Cap: verbs.QPCap{MaxSendWR: 64, MaxSendSGE: 4, MaxInlineData: 64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { check(t, ini.Close()) })
+	tgt, err := p.xrcd.CreateTgtQP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { check(t, tgt.Close()) })
+	connectXRC(t, ini, tgt, p.a.port.GID, p.b.port.GID, o)
 	n := cq.CQE() + 2
 	for i := range n {
-		check(t, p.a.qp.PostSend(&verbs.SendWR{WRID: uint64(i), Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
-			SG: []verbs.SGE{p.a.mr.SGE(0, 8)}, RemoteSRQNum: srq.Num()}))
+		send(ini, uint64(i), srq.Num())
 		if wc := poll(t, p.a.cq, 1)[0]; wc.Status != verbs.WCSuccess && (i < n-1 || wc.Status != verbs.WCRetryExcErr) {
 			t.Fatalf("message %d of %d: %v", i, n, wc.Status)
 		}
 	}
 	waitAsync(t, p.b.ctx, verbs.EventCQErr)
-	waitState(t, p.tgt, verbs.QPSErr)
+	waitState(t, tgt, verbs.QPSErr)
+
+	// The first receive QP, to an SRQ whose CQ is sound.
+	postXRecv(t, p.srq, p.b, 7, 0, 64)
+	send(p.a.qp, 101, p.srq.Num())
+	pollOne(t, p.a.cq, verbs.WCSuccess, 101)
+	pollOne(t, p.b.cq, verbs.WCSuccess, 7)
 }
 
 // testXRCNoReceiveQueue checks what an XRC send QP cannot do: receive.
