@@ -231,6 +231,9 @@ func TestNilRequests(t *testing.T) {
 	if st, err := null.Wait(ctx); st != (Status{}) || err != nil {
 		t.Errorf("Wait of nil: %+v, %v", st, err)
 	}
+	if null.Cancel() {
+		t.Error("Cancel of nil: true")
+	}
 }
 
 // TestNonCommutative: reductions apply an operation that does not

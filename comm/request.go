@@ -200,6 +200,9 @@ func (r *Request) waitColl(ctx context.Context) (Status, error) {
 // way into the buffer), a completed request or a send cannot be taken
 // back, and Wait will tell how it ends.
 func (r *Request) Cancel() bool {
+	if r == nil {
+		return false
+	}
 	e := r.e
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -226,7 +226,9 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 		// Unusable: it could not be found by its completions.
 		req := uverbs.Cmd[uverbs.DestroyQP]{Core: uverbs.DestroyQP{QPHandle: qp.handle}}
 		var r uverbs.DestroyQPResp
-		err = errors.Join(err, uverbs.Exec(c.conn, uverbs.CmdDestroyQP, &req, &r))
+		if derr := uverbs.Exec(c.conn, uverbs.CmdDestroyQP, &req, &r); derr != nil {
+			return nil, errors.Join(err, derr) // the device may still use the ring: it stays
+		}
 		return nil, errors.Join(err, c.freeRing(qp.mem))
 	}
 	return qp, nil

@@ -67,7 +67,9 @@ func (c *Context) CreateXRCSRQ(pd verbs.ProviderPD, xrcd verbs.ProviderXRCD, cq 
 		// Unusable: it could not be found by its completions.
 		req := uverbs.Cmd[uverbs.DestroySRQ]{Core: uverbs.DestroySRQ{SRQHandle: s.handle}}
 		var r uverbs.DestroySRQResp
-		err = errors.Join(err, uverbs.Exec(c.conn, uverbs.CmdDestroySRQ, &req, &r))
+		if derr := uverbs.Exec(c.conn, uverbs.CmdDestroySRQ, &req, &r); derr != nil {
+			return nil, errors.Join(err, derr) // the device may still use the ring: it stays
+		}
 		return nil, errors.Join(err, c.freeRing(s.ring))
 	}
 	return s, nil

@@ -3,6 +3,7 @@
 package softhca
 
 import (
+	"errors"
 	"math"
 	"net"
 	"syscall"
@@ -50,11 +51,16 @@ func (s *session) run() {
 		s.d.log.Debug("client process exited; its connection ends", "pid", s.cred.PID)
 		s.conn.Close()
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM):
+		// A kernel before 5.3, or a seccomp filter: no watch.
+		s.d.log.Warn("cannot watch the client process; its session lasts as long as its connection", "pid", s.cred.PID, "err", err)
+	case err != nil:
 		s.d.log.Warn("client process", "pid", s.cred.PID, "err", err)
 		return
+	default:
+		defer stop()
 	}
-	defer stop()
 	buf := make([]byte, maxMessage)
 	oob := make([]byte, unix.RightsSpace(4))
 	var reply []byte

@@ -193,6 +193,14 @@ func PeerClosed(c syscall.Conn) bool {
 // number over later does not count.
 func WatchExit(pid int, exited func()) (stop func(), err error) {
 	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err == unix.EINVAL { // before Linux 5.10: no PIDFD_NONBLOCK
+		if fd, err = unix.PidfdOpen(pid, 0); err == nil {
+			unix.CloseOnExec(fd)
+			if err = unix.SetNonblock(fd, true); err != nil {
+				unix.Close(fd)
+			}
+		}
+	}
 	if err != nil {
 		return nil, Error(asErrno(err), "pidfd_open")
 	}
