@@ -143,27 +143,26 @@ const pollRounds = 8
 // Poll polls the CQ and hands each completion to fn, which returns how
 // many frames or reads it delivered; then it reposts the free receive
 // buffers and arms the SRQ limit again if it fired. It returns the sum of
-// fn's results.
-func (c *Core) Poll(fn func(*verbs.WorkCompletion) int, m *Metrics) (int, error) {
-	n := 0
+// fn's results, and whether it stopped with completions left (pollRounds).
+func (c *Core) Poll(fn func(*verbs.WorkCompletion) int, m *Metrics) (n int, more bool, err error) {
 	for range pollRounds {
 		k, err := c.CQ.Poll(c.wc)
 		if err != nil {
-			return n, fmt.Errorf("poll CQ: %w", err)
+			return n, false, fmt.Errorf("poll CQ: %w", err)
 		}
 		for i := range k {
 			n += fn(&c.wc[i])
 		}
-		if k < len(c.wc) {
+		if more = k == len(c.wc); !more {
 			break
 		}
 	}
 	posted, err := c.Recv.Refill()
 	m.SRQPosted.Set(float64(posted))
 	if err != nil {
-		return n, err
+		return n, more, err
 	}
-	return n, c.Recv.Rearm(posted)
+	return n, more, c.Recv.Rearm(posted)
 }
 
 // Queue entry sizes of the estimate of QueueBytes, from the layout of the

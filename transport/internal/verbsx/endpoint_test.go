@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -307,5 +308,53 @@ func TestCloseWithoutRun(t *testing.T) {
 	}
 	if _, err := e.Progress(nil); err == nil || !strings.Contains(err.Error(), "after close") {
 		t.Fatalf("progress after close: %v", err)
+	}
+}
+
+// TestProgressLeavesNoCompletionUnannounced: a Progress that stops polling
+// with completions left in the CQ (pollRounds) kicks the rank, since no CQ
+// event will announce them: they came before. A rank whose Progress found
+// no frame among those it polled went to sleep with frames waiting.
+func TestProgressLeavesNoCompletionUnannounced(t *testing.T) {
+	d, c0 := newDevice(t, softhca.Faults{})
+	c1, err := d.Open(verbs.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c1.Close() })
+	ca, cb := RankConn(1), RankConn(0)
+	pa := &Peer{Rank: 1, Conn: &ca, Recorded: true, Acked: true}
+	pb := &Peer{Rank: 0, Conn: &cb, Recorded: true, Acked: true}
+	a := newEnd(t, c0, 0, []*Peer{nil, pa}, 1024)
+	b := newEnd(t, c1, 1, []*Peer{pb, nil}, 1024)
+	connectRC(t, a, b, pa, pb)
+	const n = pollRounds*32 + 50 // more than one Progress polls
+	sent := 0
+	progress(t, []*end{a}, func() bool {
+		for sent < n {
+			ok, err := a.Tr.TrySend(1, []byte{byte(sent)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				break
+			}
+			sent++
+		}
+		return sent == n && ca.sqUsed == 0 // all acknowledged: b's CQ holds them
+	})
+	time.Sleep(20 * time.Millisecond) // b's CQ watcher has kicked for them
+	select {
+	case <-b.K.C:
+	default:
+	}
+	k, err := b.Tr.Progress(b.H)
+	if err != nil || k >= n {
+		t.Fatalf("one Progress: %d frames, %v", k, err)
+	}
+	select {
+	case <-b.K.C:
+	default:
+		t.Fatalf("a Progress left %d completions in the CQ and did not kick the rank", n-k)
 	}
 }

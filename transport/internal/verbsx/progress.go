@@ -21,10 +21,16 @@ func (e *Endpoint) Progress(h transport.Handler) (int, error) {
 		e.Lazy.Apply()
 	}
 	n := e.Core.Reads.Finish(h)
-	k, err := e.Core.Poll(func(wc *verbs.WorkCompletion) int { return e.complete(h, wc) }, e.m)
+	k, more, err := e.Core.Poll(func(wc *verbs.WorkCompletion) int { return e.complete(h, wc) }, e.m)
 	n += k
 	if err != nil {
 		return n, fmt.Errorf("%s: %w", e.name, err)
+	}
+	if more {
+		// Completions are left in the CQ, which no event will announce
+		// (they came already): a rank that found no frame among those
+		// polled must not go to sleep.
+		e.kick()
 	}
 	keep := e.dirtyConns[:0]
 	for _, c := range e.dirtyConns {
