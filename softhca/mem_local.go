@@ -44,7 +44,7 @@ func (m processMemory) writev(addr uint64, bs [][]byte) error {
 }
 
 func (m *localMemory) region(addr, n uint64, write bool) ([]byte, error) {
-	if err := checkMapped(m.pid, addr, n, write); err != nil {
+	if _, err := checkMapped(m.pid, addr, n, write); err != nil {
 		return nil, err
 	}
 	if m.noViews {
@@ -59,15 +59,16 @@ func (m *localMemory) release([]byte) {}
 
 // checkMapped verifies against /proc/<pid>/maps that [addr, addr+n) is
 // mapped in process pid, readable, and writable if write is set, as the
-// kernel's get_user_pages would before pinning it.
-func checkMapped(pid int, addr, n uint64, write bool) error {
+// kernel's get_user_pages would before pinning it. It returns the inode of
+// the file mapped there if one file's mapping holds all of it, else 0.
+func checkMapped(pid int, addr, n uint64, write bool) (ino uint64, err error) {
 	end := addr + n
 	if end < addr {
-		return unix.Errorf(unix.EINVAL, "region at %#x of %d bytes wraps", addr, n)
+		return 0, unix.Errorf(unix.EINVAL, "region at %#x of %d bytes wraps", addr, n)
 	}
 	maps, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
 	if err != nil {
-		return unix.Errorf(unix.EFAULT, "read memory map: %v", err)
+		return 0, unix.Errorf(unix.EFAULT, "read memory map: %v", err)
 	}
 	sc := bufio.NewScanner(bytes.NewReader(maps))
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
@@ -89,14 +90,25 @@ func checkMapped(pid int, addr, n uint64, write bool) error {
 		}
 		perms := line[sp+1 : sp+5]
 		if perms[0] != 'r' || (write && perms[1] != 'w') {
-			return unix.Errorf(unix.EFAULT, "memory at %#x is mapped %s", cur, perms)
+			return 0, unix.Errorf(unix.EFAULT, "memory at %#x is mapped %s", cur, perms)
+		}
+		// perms offset dev inode [path]
+		f := bytes.Fields(line[sp+1:])
+		var lineIno uint64
+		if len(f) >= 4 {
+			lineIno, _ = strconv.ParseUint(string(f[3]), 10, 64)
+		}
+		if cur == addr {
+			ino = lineIno
+		} else if lineIno != ino {
+			ino = 0
 		}
 		cur = hi
 	}
 	if cur < end {
-		return unix.Errorf(unix.EFAULT, "memory at %#x is not mapped", cur)
+		return 0, unix.Errorf(unix.EFAULT, "memory at %#x is not mapped", cur)
 	}
-	return nil
+	return ino, nil
 }
 
 func putNE64(b []byte, v uint64) { binary.NativeEndian.PutUint64(b, v) }

@@ -38,17 +38,33 @@ type sharedRegion struct {
 	refs int    // memory regions using it
 }
 
+// region checks [addr, addr+n) of the client and returns the device's view
+// of it if the client shared the memfd memory it lies in, or nil (reach it
+// with process_vm_readv/writev). A view is the client's memory only while
+// the client maps that memfd there: one it freed, and mapped something
+// else at the same address since without sharing it, is not (a region on
+// the old view would move data to and from memory the client no longer
+// sees). An unused view found so is unmapped.
 func (m *remoteMemory) region(addr, n uint64, write bool) ([]byte, error) {
-	if err := checkMapped(m.pid, addr, n, write); err != nil {
+	ino, err := checkMapped(m.pid, addr, n, write)
+	if err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if s := m.sharedAt(addr, n); s != nil {
-		off := addr - s.addr
-		return s.b[off : off+n : off+n], nil
+	s := m.sharedAt(addr, n)
+	switch {
+	case s == nil:
+		return nil, nil
+	case s.ino != ino:
+		if s.refs == 0 {
+			m.maps.unmap(s.b)
+			m.shared = slices.DeleteFunc(m.shared, func(x *sharedRegion) bool { return x == s })
+		}
+		return nil, nil
 	}
-	return nil, nil
+	off := addr - s.addr
+	return s.b[off : off+n : off+n], nil
 }
 
 // sharedAt finds the shared region that holds [addr, addr+n). Caller holds

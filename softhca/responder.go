@@ -182,6 +182,12 @@ func (d *Device) onRequest(q *qp, p *roce.Packet) {
 // which has no CQ): QP_REQ_ERR for an invalid request, QP_ACCESS_ERR for
 // an access error, QP_FATAL for the rest.
 func (d *Device) fatal(q *qp, p *roce.Packet, code uint8) {
+	// The NAK acknowledges the PSNs before p's: the WRITEs among them
+	// land, though their bytes still wait in a run (a WRITE without
+	// immediate data leaves its run open). The error state would drop it.
+	if r := &d.eng.run; r.q == q && r.w == nil && !r.send {
+		d.flushRun()
+	}
 	d.nak(q, roce.AETHNak|code, p.PSN)
 	q.resp.nakFatal = q.resp.nakAfterReads
 	d.setState(q, qpstate.Err)

@@ -137,7 +137,9 @@ func (l *udpLink) close() error {
 	<-l.done
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return errors.Join(err, unix.Close(l.txFD))
+	err = errors.Join(err, unix.Close(l.txFD))
+	l.txFD = -1 // a delayed packet's timer may still fire: sendBatch drops it
+	return err
 }
 
 // sendBatch sends packets in order, taking their ownership. Consecutive
@@ -156,6 +158,12 @@ func (l *udpLink) close() error {
 func (l *udpLink) sendBatch(ps []*roce.Packet, c *pktCache) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.txFD < 0 { // closed: the descriptor's number may be another file's now
+		for _, p := range ps {
+			c.put(p)
+		}
+		return
+	}
 	for i := 0; i < len(ps); {
 		if ps[i].DstGID == l.d.gid {
 			l.d.eng.deliver(ps[i])
