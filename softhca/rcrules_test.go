@@ -318,3 +318,26 @@ func TestReservedAETH(t *testing.T) {
 	r.inject(func(p *roce.Packet) { p.Opcode, p.PSN, p.Syndrome = roce.Acknowledge, 0x1234, roce.AETHAck })
 	r.wantWC(t, 1, verbs.WCSuccess)
 }
+
+// TestRNRRetryZero: with rnr_retry 0 the first RNR NAK ends the request
+// with RNR_RETRY_EXC_ERR, counted in rnr_nak_retry_err, and nothing is sent
+// again.
+func TestRNRRetryZero(t *testing.T) {
+	r := newRig(t)
+	r.noTimer(0)
+	if err := r.qp.PostSend(&verbs.SendWR{WRID: 1, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+		SG: []verbs.SGE{r.mr.SGE(0, 8)}}); err != nil {
+		t.Fatal(err)
+	}
+	r.sink.collect(t, 1)
+	r.inject(func(p *roce.Packet) { p.Opcode, p.PSN, p.Syndrome = roce.Acknowledge, 0x1234, roce.AETHRNRNak|1 })
+	r.wantWC(t, 1, verbs.WCRNRRetryExcErr)
+	c := &r.d.counters
+	if c.RNRNaksReceived.Load() != 1 || c.RNRNakRetryErr.Load() != 1 || c.Retransmits.Load() != 0 {
+		t.Errorf("RNR NAKs %d, rnr_nak_retry_err %d, retransmissions %d; want 1, 1, 0",
+			c.RNRNaksReceived.Load(), c.RNRNakRetryErr.Load(), c.Retransmits.Load())
+	}
+	if got := r.sink.drain(); len(got) != 0 {
+		t.Errorf("%d packets sent after the RNR NAK", len(got))
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/verbs"
+	"github.com/xrcrun/xrc/verbs/verbstest"
 )
 
 // startHCA runs `xrcrun hca` on a free loopback address until the test
@@ -72,21 +74,85 @@ func TestHCAAndDevices(t *testing.T) {
 			t.Errorf("devices output lacks %q:\n%s", want, out.String())
 		}
 	}
+	// Traffic through the device, so that its counters are not all 0:
+	// a connected pair on it exchanges 100 SENDs.
+	ctx := context.Background()
+	env := verbstest.Env{Name: "soft7", Open: func(t testing.TB) (a, b *verbs.Context) {
+		open := func() *verbs.Context {
+			c, err := verbs.Open(ctx, "soft7", verbs.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			return c
+		}
+		return open(), open()
+	}}
+	t.Run("Traffic", func(t *testing.T) { // its objects go at its end, before the device
+		a, b := verbstest.Connect(t, env, 4096)
+		for i := range 100 {
+			if err := b.QP.PostRecv(&verbs.RecvWR{WRID: uint64(i), SG: []verbs.SGE{b.MR.SGE(0, 64)}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.QP.PostSend(&verbs.SendWR{WRID: uint64(i), Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+				SG: []verbs.SGE{a.MR.SGE(0, 64)}}); err != nil {
+				t.Fatal(err)
+			}
+			for _, cq := range []*verbs.CQ{a.CQ, b.CQ} {
+				wc := make([]verbs.WorkCompletion, 1)
+				for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Microsecond) {
+					if n, err := cq.Poll(wc); err != nil || n == 1 && wc[0].Status != verbs.WCSuccess {
+						t.Fatalf("completion %+v, %v", wc[0], err)
+					} else if n == 1 {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("no completion")
+					}
+				}
+			}
+		}
+	})
 	out.Reset()
-	if err := run(context.Background(), []string{"devices", "-v", "-d", "soft7"}, &out, os.Stderr); err != nil {
+	if err := run(ctx, []string{"devices", "-v", "-d", "soft7"}, &out, os.Stderr); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"\tmax_cqe:", "\t\t\tcounters:\n", "\t\t\t\tport_xmit_packets:", "\t\t\t\tlocal_ack_timeout_err:", "\t\t\t\tobjects_clients:"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("devices -v output lacks %q:\n%s", want, out.String())
+	counters, err := softhca.QueryCounters(ctx, "", "soft7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	printed := map[string]string{}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if name, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && strings.HasPrefix(line, "\t\t\t\t") {
+			printed[name] = strings.TrimSpace(v)
 		}
+	}
+	value := map[string]uint64{}
+	for _, c := range counters {
+		value[c.Name] = c.Value
+		if c.Name == "objects_clients" {
+			continue // devices itself was one more while it printed
+		}
+		if got, want := printed[c.Name], strconv.FormatUint(c.Value, 10); got != want {
+			t.Errorf("devices -v prints %s: %q, the device says %s", c.Name, got, want)
+		}
+	}
+	for _, name := range []string{"port_xmit_data", "port_xmit_packets", "port_rcv_data", "port_rcv_packets",
+		"port_rcv_errors", "local_ack_timeout_err", "rnr_nak_retry_err", "packet_seq_err", "duplicate_request",
+		"out_of_sequence", "implied_nak_seq_err", "objects_qps"} {
+		if _, ok := printed[name]; !ok {
+			t.Errorf("devices -v prints no %s:\n%s", name, out.String())
+		}
+	}
+	if value["port_xmit_packets"] < 200 || value["port_rcv_packets"] < 200 || value["port_xmit_data"] < 6400 {
+		t.Errorf("counters after 100 SENDs of 64 bytes and their ACKs on a pair: %v", value)
 	}
 	if err := run(context.Background(), []string{"devices", "-d", "nosuch"}, &out, os.Stderr); err == nil ||
 		err.Error() != "IB device 'nosuch' wasn't found" {
 		t.Errorf("devices -d nosuch: %v", err)
 	}
 	// A second device of the same name is refused while the first runs.
-	err := run(context.Background(), []string{"hca", "--name", "soft7", "--addr", "127.0.0.1"}, os.Stdout, &out)
+	err = run(context.Background(), []string{"hca", "--name", "soft7", "--addr", "127.0.0.1"}, os.Stdout, &out)
 	if err == nil || !strings.Contains(err.Error(), "already") {
 		t.Errorf("second soft7: %v", err)
 	}
