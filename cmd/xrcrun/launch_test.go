@@ -39,7 +39,7 @@ var buildOnce = sync.OnceValue(func() error {
 		return err
 	}
 	binDir = dir
-	for _, b := range [][2]string{{"xrcrun", "."}, {"rank", "./testdata/rank"}, {"hello", "../../examples/hello"}} {
+	for _, b := range [][2]string{{"xrcrun", "."}, {"rank", "./testdata/rank"}, {"hello", "../../examples/hello"}, {"rc_pingpong", "../../examples/rc_pingpong"}} {
 		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, b[0]), b[1]).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("go build %s: %v\n%s", b[1], err, out)
