@@ -5,9 +5,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/xrcrun/xrc/softhca"
-	"github.com/xrcrun/xrc/verbs"
 )
 
 // TestLazyStarterBusy: rank 0 starts a lazy connection (a TrySend) and
@@ -17,13 +14,7 @@ import (
 // until rank 0 says its QP is up. It sent, its retries ran out, and it
 // failed rank 0 for good.
 func TestLazyStarterBusy(t *testing.T) {
-	cs := clients(t, 2)
-	var ctxs []*verbs.Context
-	for range 2 {
-		_, c := newDevice(t, softhca.Faults{})
-		ctxs = append(ctxs, c)
-	}
-	ends := job(t, ctxs, func(c *Config) { c.Lazy, c.Bootstrap = true, cs[c.Rank] })
+	ends := lazyJob(t, 2)
 	if ok, err := ends[0].Tr.TrySend(1, []byte("from 0")); ok || err != nil {
 		t.Fatalf("the first TrySend: %v, %v; want false, connecting", ok, err)
 	}
@@ -62,13 +53,7 @@ func TestLazyStarterBusy(t *testing.T) {
 // refuses it, and the peer's connection fails; it waited for a ready that
 // would never come.
 func TestLazyRefusal(t *testing.T) {
-	cs := clients(t, 2)
-	var ctxs []*verbs.Context
-	for range 2 {
-		_, c := newDevice(t, softhca.Faults{})
-		ctxs = append(ctxs, c)
-	}
-	ends := job(t, ctxs, func(c *Config) { c.Lazy, c.Bootstrap = true, cs[c.Rank] })
+	ends := lazyJob(t, 2)
 	ends[1].Tr.failBringUp = errors.New("no QP today")
 	var err error
 	progress(t, ends, func() bool {

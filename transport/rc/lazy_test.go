@@ -20,17 +20,23 @@ func clients(t *testing.T, n int) []*bootstrap.Client {
 	return boottest.Clients(t, nodes)
 }
 
+// lazyJob is a job of n ranks, each on a node and a device of its own,
+// that connect lazily through a rendezvous server.
+func lazyJob(t *testing.T, n int) []*end {
+	cs := clients(t, n)
+	var ctxs []*verbs.Context
+	for range n {
+		_, c := newDevice(t, softhca.Faults{})
+		ctxs = append(ctxs, c)
+	}
+	return job(t, ctxs, func(c *Config) { c.Lazy, c.Bootstrap = true, cs[c.Rank] })
+}
+
 // TestLazy: with lazy connection no QP exists before the first frame;
 // frames both ways (both ranks start at once), then a read, connect each
 // pair once; a rank that talks to nobody makes no QP.
 func TestLazy(t *testing.T) {
-	cs := clients(t, 3)
-	var ctxs []*verbs.Context
-	for range 3 {
-		_, c := newDevice(t, softhca.Faults{})
-		ctxs = append(ctxs, c)
-	}
-	ends := job(t, ctxs, func(c *Config) { c.Lazy, c.Bootstrap = true, cs[c.Rank] })
+	ends := lazyJob(t, 3)
 	for _, e := range ends {
 		if st := e.Tr.Stats(); st.QPs != 0 {
 			t.Fatalf("stats before traffic: %+v", st)

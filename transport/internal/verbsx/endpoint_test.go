@@ -232,12 +232,10 @@ func connectRC(t *testing.T, a, b *end, pa, pb *Peer) {
 	}
 }
 
-// TestCreditsWaitForReady: a rank gets frames from a peer it may not
-// send to yet (XRC: the peer has not replied to its request). The
-// credits it owes the peer for them are kept until it may, then returned
-// in a credit message, and the peer, out of credits until then, sends
-// again.
-func TestCreditsWaitForReady(t *testing.T) {
+// rcPair is ranks 0 (a) and 1 (b) on two contexts of one device, each
+// with an SRQ of srqDepth buffers, connected by RC: pa is a's peer (rank
+// 1), pb b's; bAcked says whether b may send to a.
+func rcPair(t *testing.T, srqDepth int, bAcked bool) (a, b *end, pa, pb *Peer) {
 	d, c0 := newDevice(t, softhca.Faults{})
 	c1, err := d.Open(verbs.Config{})
 	if err != nil {
@@ -245,11 +243,21 @@ func TestCreditsWaitForReady(t *testing.T) {
 	}
 	t.Cleanup(func() { c1.Close() })
 	ca, cb := RankConn(1), RankConn(0)
-	pa := &Peer{Rank: 1, Conn: &ca, Recorded: true, Acked: true}
-	pb := &Peer{Rank: 0, Conn: &cb, Recorded: true} // not Acked: b may not send to a
-	a := newEnd(t, c0, 0, []*Peer{nil, pa}, 8)
-	b := newEnd(t, c1, 1, []*Peer{pb, nil}, 8)
+	pa = &Peer{Rank: 1, Conn: &ca, Recorded: true, Acked: true}
+	pb = &Peer{Rank: 0, Conn: &cb, Recorded: true, Acked: bAcked}
+	a = newEnd(t, c0, 0, []*Peer{nil, pa}, srqDepth)
+	b = newEnd(t, c1, 1, []*Peer{pb, nil}, srqDepth)
 	connectRC(t, a, b, pa, pb)
+	return a, b, pa, pb
+}
+
+// TestCreditsWaitForReady: a rank gets frames from a peer it may not
+// send to yet (XRC: the peer has not replied to its request). The
+// credits it owes the peer for them are kept until it may, then returned
+// in a credit message, and the peer, out of credits until then, sends
+// again.
+func TestCreditsWaitForReady(t *testing.T) {
+	a, b, pa, pb := rcPair(t, 8, false) // b may not send to a
 	ends := []*end{a, b}
 
 	credits := a.Tr.Credits()
@@ -316,18 +324,8 @@ func TestCloseWithoutRun(t *testing.T) {
 // event will announce them: they came before. A rank whose Progress found
 // no frame among those it polled went to sleep with frames waiting.
 func TestProgressLeavesNoCompletionUnannounced(t *testing.T) {
-	d, c0 := newDevice(t, softhca.Faults{})
-	c1, err := d.Open(verbs.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c1.Close() })
-	ca, cb := RankConn(1), RankConn(0)
-	pa := &Peer{Rank: 1, Conn: &ca, Recorded: true, Acked: true}
-	pb := &Peer{Rank: 0, Conn: &cb, Recorded: true, Acked: true}
-	a := newEnd(t, c0, 0, []*Peer{nil, pa}, 1024)
-	b := newEnd(t, c1, 1, []*Peer{pb, nil}, 1024)
-	connectRC(t, a, b, pa, pb)
+	a, b, pa, _ := rcPair(t, 1024, true)
+	ca := pa.Conn
 	const n = pollRounds*32 + 50 // more than one Progress polls
 	sent := 0
 	progress(t, []*end{a}, func() bool {
