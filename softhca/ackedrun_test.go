@@ -8,6 +8,7 @@ import (
 
 	"github.com/xrcrun/xrc/softhca/roce"
 	"github.com/xrcrun/xrc/verbs/verbstest"
+	"golang.org/x/sys/unix"
 )
 
 // TestRunOfAcknowledgedWrite: a complete RDMA WRITE (WRITE ONLY, in a run:
@@ -36,5 +37,40 @@ func TestRunOfAcknowledgedWrite(t *testing.T) {
 	}
 	if !bytes.Equal(r.buf[4096:4096+mtu], msg[:mtu]) {
 		t.Fatalf("the WRITE of PSN %#x was acknowledged (NAK of PSN %#x) but its bytes are not in memory", psn, psn+1)
+	}
+}
+
+// TestRunOfAcknowledgedWriteFails: if that run cannot be written (here the
+// memory is read-only), the NAK is for its first packet, as a remote
+// operational error, not for the packet that failed the QP: that one
+// acknowledged the WRITE whose bytes did not land.
+func TestRunOfAcknowledgedWriteFails(t *testing.T) {
+	r := newRigAll(t, verbstest.Options{}, true)
+	const mtu, psn = 1024, 0x1234
+	if err := unix.Mprotect(r.buf, unix.PROT_READ); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Mprotect(r.buf, unix.PROT_READ|unix.PROT_WRITE)
+	msg := bytes.Repeat([]byte{0xab}, 2*mtu)
+	w := getPacket()
+	w.SrcGID, w.DstGID, w.DestQP, w.PKey = r.sink.gid, r.d.gid, r.qp.Num(), 0xffff
+	w.Opcode, w.PSN, w.VA, w.RKey, w.DMALen, w.AckReq = roce.WriteOnly, psn, r.mr.Addr()+4096, r.mr.RKey(), mtu, true
+	w.Payload = msg[:mtu]
+	bad := getPacket()
+	bad.SrcGID, bad.DstGID, bad.DestQP, bad.PKey = r.sink.gid, r.d.gid, r.qp.Num(), 0xffff
+	bad.Opcode, bad.PSN, bad.Payload = roce.WriteMiddle, psn+1, msg[mtu:]
+	r.d.eng.deliverAll([]*roce.Packet{w, bad})
+	got := r.sink.collect(t, 1)
+	waitFor(t, "the device quiet", r.d.eng.quiet)
+	got = append(got, r.sink.drain()...)
+	for _, p := range got {
+		t.Logf("sent %v syndrome %#x PSN %#x", p.Opcode, p.Syndrome, p.PSN)
+	}
+	unix.Mprotect(r.buf, unix.PROT_READ|unix.PROT_WRITE)
+	landed := bytes.Equal(r.buf[4096:4096+mtu], msg[:mtu])
+	for _, p := range got {
+		if p.PSN == psn+1 && !landed {
+			t.Fatalf("NAK %#x at PSN %#x acknowledges the WRITE of PSN %#x, whose bytes did not land", p.Syndrome, p.PSN, psn)
+		}
 	}
 }

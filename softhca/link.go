@@ -38,8 +38,9 @@ func NewFabric() *Fabric { return &Fabric{devices: map[[16]byte]*Device{}} }
 
 // fabricLink is a device's attachment to a Fabric.
 type fabricLink struct {
-	f *Fabric
-	d *Device
+	f      *Fabric
+	d      *Device
+	closed bool // guarded by f.mu
 }
 
 func (f *Fabric) attach(d *Device) (link, error) {
@@ -57,6 +58,7 @@ func (l *fabricLink) close() error {
 	if l.f.devices[l.d.gid] == l.d {
 		delete(l.f.devices, l.d.gid)
 	}
+	l.closed = true // a delayed packet's timer may still fire: sendBatch drops it
 	l.f.mu.Unlock()
 	return nil
 }
@@ -72,7 +74,7 @@ func (l *fabricLink) sendBatch(ps []*roce.Packet, c *pktCache) {
 	l.f.mu.RLock()
 	defer l.f.mu.RUnlock()
 	for _, p := range ps {
-		if dst := l.f.devices[p.DstGID]; dst != nil {
+		if dst := l.f.devices[p.DstGID]; dst != nil && !l.closed {
 			dst.eng.deliver(p)
 		} else {
 			c.put(p)

@@ -185,10 +185,15 @@ func (d *Device) fatal(q *qp, p *roce.Packet, code uint8) {
 	// The NAK acknowledges the PSNs before p's: the WRITEs among them
 	// land, though their bytes still wait in a run (a WRITE without
 	// immediate data leaves its run open). The error state would drop it.
+	// If they cannot be written, the NAK is for the run's first packet.
+	psn := p.PSN
 	if r := &d.eng.run; r.q == q && r.w == nil && !r.send {
-		d.flushRun()
+		first := r.psn
+		if !d.flushRun() {
+			psn, code = first, roce.NakRemoteOpErr
+		}
 	}
-	d.nak(q, roce.AETHNak|code, p.PSN)
+	d.nak(q, roce.AETHNak|code, psn)
 	q.resp.nakFatal = q.resp.nakAfterReads
 	d.setState(q, qpstate.Err)
 	var ev uint32 = evQPFatal
