@@ -57,18 +57,32 @@ func (m *localMemory) close()         {}
 func (m *localMemory) hold([]byte)    {}
 func (m *localMemory) release([]byte) {}
 
+// fileID is a file: its device's major and minor numbers and its inode.
+type fileID struct {
+	major, minor uint32
+	ino          uint64
+}
+
+// fileMapping says what maps a range of a process's memory: the file, and
+// the file offset at the range's start. file.ino is 0 unless one file is
+// mapped there throughout, contiguously (not anonymous memory).
+type fileMapping struct {
+	file fileID
+	off  uint64
+}
+
 // checkMapped verifies against /proc/<pid>/maps that [addr, addr+n) is
 // mapped in process pid, readable, and writable if write is set, as the
-// kernel's get_user_pages would before pinning it. It returns the inode of
-// the file mapped there if one file's mapping holds all of it, else 0.
-func checkMapped(pid int, addr, n uint64, write bool) (ino uint64, err error) {
+// kernel's get_user_pages would before pinning it, and returns what maps
+// it.
+func checkMapped(pid int, addr, n uint64, write bool) (fm fileMapping, err error) {
 	end := addr + n
 	if end < addr {
-		return 0, unix.Errorf(unix.EINVAL, "region at %#x of %d bytes wraps", addr, n)
+		return fm, unix.Errorf(unix.EINVAL, "region at %#x of %d bytes wraps", addr, n)
 	}
 	maps, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
 	if err != nil {
-		return 0, unix.Errorf(unix.EFAULT, "read memory map: %v", err)
+		return fm, unix.Errorf(unix.EFAULT, "read memory map: %v", err)
 	}
 	sc := bufio.NewScanner(bytes.NewReader(maps))
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
@@ -90,25 +104,40 @@ func checkMapped(pid int, addr, n uint64, write bool) (ino uint64, err error) {
 		}
 		perms := line[sp+1 : sp+5]
 		if perms[0] != 'r' || (write && perms[1] != 'w') {
-			return 0, unix.Errorf(unix.EFAULT, "memory at %#x is mapped %s", cur, perms)
+			return fm, unix.Errorf(unix.EFAULT, "memory at %#x is mapped %s", cur, perms)
 		}
-		// perms offset dev inode [path]
-		f := bytes.Fields(line[sp+1:])
-		var lineIno uint64
-		if len(f) >= 4 {
-			lineIno, _ = strconv.ParseUint(string(f[3]), 10, 64)
-		}
+		here := parseMapsLine(line[sp+1:], lo, cur)
 		if cur == addr {
-			ino = lineIno
-		} else if lineIno != ino {
-			ino = 0
+			fm = here
+		} else if here.file != fm.file || here.off != fm.off+(cur-addr) {
+			fm.file.ino = 0 // another file, or the same elsewhere in it
 		}
 		cur = hi
 	}
 	if cur < end {
-		return 0, unix.Errorf(unix.EFAULT, "memory at %#x is not mapped", cur)
+		return fileMapping{}, unix.Errorf(unix.EFAULT, "memory at %#x is not mapped", cur)
 	}
-	return ino, nil
+	return fm, nil
+}
+
+// parseMapsLine reads "perms offset major:minor inode [path]", the rest of
+// a /proc/<pid>/maps line whose mapping starts at lo, and returns the file
+// and its offset at at (within the mapping). A field that does not parse
+// gives inode 0.
+func parseMapsLine(rest []byte, lo, at uint64) fileMapping {
+	f := bytes.Fields(rest)
+	if len(f) < 4 {
+		return fileMapping{}
+	}
+	off, err1 := strconv.ParseUint(string(f[1]), 16, 64)
+	majS, minS, _ := bytes.Cut(f[2], []byte(":"))
+	major, err2 := strconv.ParseUint(string(majS), 16, 32)
+	minor, err3 := strconv.ParseUint(string(minS), 16, 32)
+	ino, err4 := strconv.ParseUint(string(f[3]), 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
+		return fileMapping{}
+	}
+	return fileMapping{file: fileID{uint32(major), uint32(minor), ino}, off: off + (at - lo)}
 }
 
 func putNE64(b []byte, v uint64) { binary.NativeEndian.PutUint64(b, v) }

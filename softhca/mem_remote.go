@@ -34,7 +34,7 @@ type remoteMemory struct {
 type sharedRegion struct {
 	addr uint64 // in the client
 	b    []byte // the device's mapping
-	ino  uint64 // the memfd's inode, which tells a new allocation at addr from the old
+	file fileID // the memfd, which tells a new allocation at addr from the old
 	refs int    // memory regions using it
 }
 
@@ -46,7 +46,7 @@ type sharedRegion struct {
 // the old view would move data to and from memory the client no longer
 // sees). An unused view found so is unmapped.
 func (m *remoteMemory) region(addr, n uint64, write bool) ([]byte, error) {
-	ino, err := checkMapped(m.pid, addr, n, write)
+	fm, err := checkMapped(m.pid, addr, n, write)
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +56,7 @@ func (m *remoteMemory) region(addr, n uint64, write bool) ([]byte, error) {
 	switch {
 	case s == nil:
 		return nil, nil
-	case s.ino != ino:
+	case fm.file != s.file || fm.off != addr-s.addr: // the client maps the memfd from offset 0
 		if s.refs == 0 {
 			m.maps.unmap(s.b)
 			m.shared = slices.DeleteFunc(m.shared, func(x *sharedRegion) bool { return x == s })
@@ -117,11 +117,11 @@ func (m *remoteMemory) release(view []byte) {
 // allocated again at the same address), is unmapped; mappings still in use
 // stay mapped, unreachable for new regions, until the client disconnects.
 // It takes b.
-func (m *remoteMemory) addShared(addr uint64, b []byte, ino uint64) {
+func (m *remoteMemory) addShared(addr uint64, b []byte, file fileID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	end := addr + uint64(len(b))
-	if s := m.sharedAt(addr, uint64(len(b))); s != nil && s.addr == addr && len(s.b) == len(b) && s.ino == ino {
+	if s := m.sharedAt(addr, uint64(len(b))); s != nil && s.addr == addr && len(s.b) == len(b) && s.file == file {
 		m.maps.unmap(b) // the same memory again
 		return
 	}
@@ -146,7 +146,7 @@ func (m *remoteMemory) addShared(addr uint64, b []byte, ino uint64) {
 		}
 		return 0
 	})
-	m.shared = slices.Insert(m.shared, i, &sharedRegion{addr: addr, b: b, ino: ino})
+	m.shared = slices.Insert(m.shared, i, &sharedRegion{addr: addr, b: b, file: file})
 }
 
 // close unmaps every mapping. The client's objects are destroyed by then.

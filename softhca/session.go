@@ -232,7 +232,7 @@ func (s *session) hello(body []byte) (int, error) {
 
 // mapPassed maps the memfd memory a request (addr u64, len u64, one fd)
 // passes, which the client maps at addr. It closes the descriptors.
-func mapPassed(t msgType, body []byte, fds []int, maps *mapBudget) (addr uint64, b []byte, ino uint64, err error) {
+func mapPassed(t msgType, body []byte, fds []int, maps *mapBudget) (addr uint64, b []byte, id fileID, err error) {
 	defer func() {
 		for _, fd := range fds {
 			unix.Close(fd)
@@ -240,32 +240,33 @@ func mapPassed(t msgType, body []byte, fds []int, maps *mapBudget) (addr uint64,
 	}()
 	w, err := parseWords(t, body, 2)
 	if err != nil {
-		return 0, nil, 0, unix.Errorf(unix.EINVAL, "%v", err)
+		return 0, nil, fileID{}, unix.Errorf(unix.EINVAL, "%v", err)
 	}
 	addr, n := w[0], w[1]
 	if len(fds) != 1 {
-		return 0, nil, 0, unix.Errorf(unix.EINVAL, "%v passes %d descriptors, not 1", t, len(fds))
+		return 0, nil, fileID{}, unix.Errorf(unix.EINVAL, "%v passes %d descriptors, not 1", t, len(fds))
 	}
 	page := uint64(unix.PageSize)
 	if addr%page != 0 || addr == 0 || n == 0 || n%page != 0 || n > maxMRSize || addr > math.MaxUint64-n {
-		return 0, nil, 0, unix.Errorf(unix.EINVAL, "%v of %d bytes at %#x", t, n, addr)
+		return 0, nil, fileID{}, unix.Errorf(unix.EINVAL, "%v of %d bytes at %#x", t, n, addr)
 	}
 	// A file the client could shrink would kill the device with SIGBUS
 	// at its next access.
 	if err := unix.Sealed(fds[0]); err != nil {
-		return 0, nil, 0, unix.Errorf(unix.EINVAL, "%v: %v", t, err)
+		return 0, nil, fileID{}, unix.Errorf(unix.EINVAL, "%v: %v", t, err)
 	}
-	size, ino, err := unix.FileStat(fds[0])
+	size, major, minor, ino, err := unix.FileStat(fds[0])
+	id = fileID{major, minor, ino}
 	if err != nil || uint64(size) < n {
-		return 0, nil, 0, unix.Errorf(unix.EINVAL, "%v: file of %d bytes for %d (%v)", t, size, n, err)
+		return 0, nil, fileID{}, unix.Errorf(unix.EINVAL, "%v: file of %d bytes for %d (%v)", t, size, n, err)
 	}
 	if err := maps.take(); err != nil {
-		return 0, nil, 0, err
+		return 0, nil, fileID{}, err
 	}
 	if b, err = unix.MmapShared(fds[0], 0, int(n)); err != nil {
 		maps.give()
 	}
-	return addr, b, ino, err
+	return addr, b, id, err
 }
 
 // addQueue maps queue memory the client passes.
@@ -287,11 +288,11 @@ func (s *session) addQueue(t msgType, body []byte, fds []int, reply []byte) (ans
 
 // addRegion maps memory the client shares for its memory regions.
 func (s *session) addRegion(t msgType, body []byte, fds []int, reply []byte) (answer, error) {
-	addr, b, ino, err := mapPassed(t, body, fds, s.d.maps)
+	addr, b, id, err := mapPassed(t, body, fds, s.d.maps)
 	if err != nil {
 		return answer{}, err
 	}
-	s.mem.addShared(addr, b, ino)
+	s.mem.addShared(addr, b, id)
 	return answer{reply: appendReply(reply, t, nil)}, nil
 }
 

@@ -55,13 +55,14 @@ func Sealed(fd int) error {
 	return nil
 }
 
-// FileStat returns the size and the inode number of the file fd refers to.
-func FileStat(fd int) (size int64, ino uint64, err error) {
+// FileStat returns the size, the device's major and minor numbers and the
+// inode number of the file fd refers to.
+func FileStat(fd int) (size int64, major, minor uint32, ino uint64, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return 0, 0, Error(asErrno(err), "fstat")
+		return 0, 0, 0, 0, Error(asErrno(err), "fstat")
 	}
-	return st.Size, st.Ino, nil
+	return st.Size, unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino, nil
 }
 
 // FileID returns the device and inode numbers of the file fd refers to:
