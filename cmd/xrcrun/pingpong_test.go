@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,7 +28,7 @@ func startHCAProcess(t *testing.T, xrcrun, dir, name string) {
 	t.Helper()
 	for range 20 {
 		addr := fmt.Sprintf("127.0.%d.%d", 100+rand.IntN(100), 1+rand.IntN(250))
-		var stderr bytes.Buffer
+		var stderr lockedBuffer
 		cmd := exec.Command(xrcrun, "hca", "--name", name, "--addr", addr)
 		cmd.Env = append(os.Environ(), softhca.RuntimeDirEnv+"="+dir)
 		cmd.Stderr = &stderr
@@ -40,7 +42,7 @@ func startHCAProcess(t *testing.T, xrcrun, dir, name string) {
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 			select {
 			case err := <-exited:
-				if bytes.Contains(stderr.Bytes(), []byte("address already in use")) {
+				if strings.Contains(stderr.String(), "address already in use") {
 					goto next
 				}
 				t.Fatalf("xrcrun hca %s: %v\n%s", name, err, stderr.String())
@@ -49,8 +51,15 @@ func startHCAProcess(t *testing.T, xrcrun, dir, name string) {
 			if _, err := os.Stat(sock); err == nil {
 				t.Cleanup(func() {
 					cmd.Process.Signal(os.Interrupt)
-					if err := <-exited; err != nil {
-						t.Errorf("xrcrun hca %s after SIGINT: %v\n%s", name, err, stderr.String())
+					select {
+					case err := <-exited:
+						if err != nil {
+							t.Errorf("xrcrun hca %s after SIGINT: %v\n%s", name, err, stderr.String())
+						}
+					case <-time.After(time.Minute):
+						cmd.Process.Kill()
+						t.Errorf("xrcrun hca %s still runs a minute after SIGINT\n%s", name, stderr.String())
+						<-exited
 					}
 					if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
 						t.Errorf("xrcrun hca %s left its socket: %v", name, err)
@@ -66,6 +75,24 @@ func startHCAProcess(t *testing.T, xrcrun, dir, name string) {
 	next:
 	}
 	t.Fatal("no free loopback address")
+}
+
+// lockedBuffer is a bytes.Buffer that exec may write while a test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // TestPingpongOverHCAs runs examples/rc_pingpong's server and client

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -45,13 +44,21 @@ func config(c *verbs.Context, rank int, peers []*Peer, srqDepth int, kick func()
 // newEnd makes the Endpoint of config and runs it; it is closed when
 // the test ends. The peers' Conns are the test's to make and connect.
 func newEnd(t *testing.T, c *verbs.Context, rank int, peers []*Peer, srqDepth int) *end {
+	return newEndRun(t, c, rank, peers, srqDepth, true)
+}
+
+// newEndRun is newEnd, whose Endpoint runs (watches its CQ and events,
+// kicking the test) only if run is set.
+func newEndRun(t *testing.T, c *verbs.Context, rank int, peers []*Peer, srqDepth int, run bool) *end {
 	t.Helper()
 	k := transporttest.NewKicker()
 	e, err := NewEndpoint(config(c, rank, peers, srqDepth, k.Kick))
 	if err != nil {
 		t.Fatal(errors.Join(err, e.Free()))
 	}
-	e.Run()
+	if run {
+		e.Run()
+	}
 	t.Cleanup(func() {
 		if err := e.Close(e.Free); err != nil {
 			t.Error(err)
@@ -234,8 +241,9 @@ func connectRC(t *testing.T, a, b *end, pa, pb *Peer) {
 
 // rcPair is ranks 0 (a) and 1 (b) on two contexts of one device, each
 // with an SRQ of srqDepth buffers, connected by RC: pa is a's peer (rank
-// 1), pb b's; bAcked says whether b may send to a.
-func rcPair(t *testing.T, srqDepth int, bAcked bool) (a, b *end, pa, pb *Peer) {
+// 1), pb b's; bAcked says whether b may send to a, bRuns whether b's
+// Endpoint runs (newEndRun).
+func rcPair(t *testing.T, srqDepth int, bAcked, bRuns bool) (a, b *end, pa, pb *Peer) {
 	d, c0 := newDevice(t, softhca.Faults{})
 	c1, err := d.Open(verbs.Config{})
 	if err != nil {
@@ -246,7 +254,7 @@ func rcPair(t *testing.T, srqDepth int, bAcked bool) (a, b *end, pa, pb *Peer) {
 	pa = &Peer{Rank: 1, Conn: &ca, Recorded: true, Acked: true}
 	pb = &Peer{Rank: 0, Conn: &cb, Recorded: true, Acked: bAcked}
 	a = newEnd(t, c0, 0, []*Peer{nil, pa}, srqDepth)
-	b = newEnd(t, c1, 1, []*Peer{pb, nil}, srqDepth)
+	b = newEndRun(t, c1, 1, []*Peer{pb, nil}, srqDepth, bRuns)
 	connectRC(t, a, b, pa, pb)
 	return a, b, pa, pb
 }
@@ -257,7 +265,7 @@ func rcPair(t *testing.T, srqDepth int, bAcked bool) (a, b *end, pa, pb *Peer) {
 // in a credit message, and the peer, out of credits until then, sends
 // again.
 func TestCreditsWaitForReady(t *testing.T) {
-	a, b, pa, pb := rcPair(t, 8, false) // b may not send to a
+	a, b, pa, pb := rcPair(t, 8, false, true) // b may not send to a
 	ends := []*end{a, b}
 
 	credits := a.Tr.Credits()
@@ -324,7 +332,7 @@ func TestCloseWithoutRun(t *testing.T) {
 // event will announce them: they came before. A rank whose Progress found
 // no frame among those it polled went to sleep with frames waiting.
 func TestProgressLeavesNoCompletionUnannounced(t *testing.T) {
-	a, b, pa, _ := rcPair(t, 1024, true)
+	a, b, pa, _ := rcPair(t, 1024, true, false) // only Progress kicks b
 	ca := pa.Conn
 	const n = pollRounds*32 + 50 // more than one Progress polls
 	sent := 0
@@ -341,9 +349,9 @@ func TestProgressLeavesNoCompletionUnannounced(t *testing.T) {
 		}
 		return sent == n && ca.sqUsed == 0 // all acknowledged: b's CQ holds them
 	})
-	time.Sleep(20 * time.Millisecond) // b's CQ watcher has kicked for them
 	select {
 	case <-b.K.C:
+		t.Fatal("b was kicked before its Progress")
 	default:
 	}
 	k, err := b.Tr.Progress(b.H)
