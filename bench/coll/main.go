@@ -1,6 +1,7 @@
-// Command coll measures comm's collectives as the OSU Micro-Benchmarks'
-// osu_allreduce, osu_bcast and osu_barrier measure an MPI library's, and
-// prints their table:
+// Command coll measures comm's collectives on the model of the OSU
+// Micro-Benchmarks' osu_allreduce, osu_bcast and osu_barrier, and prints
+// their table (it times calls back to back, where OSU puts a barrier after
+// each; docs/benchmarks.md, "Collectives"):
 //
 //	xrcrun -n 4 ./bench/coll -test allreduce   # sums of float64s, 8 B to 1 MiB
 //	xrcrun -n 4 ./bench/coll -test bcast       # from rank 0, 1 B to 1 MiB
