@@ -9,8 +9,9 @@ import (
 )
 
 // Lazy connection. Every rank has a mailbox (verbsx.Mailbox, keys
-// "rc/mbox/RANK/SLOT"), each slot holding one connection request (a hello: sender rank, the QPN it
-// made for the mailbox's owner, its first PSN).
+// "rc/mbox/RANK/SLOT"), each slot holding one message (record.go): a
+// hello (sender rank, the QPN it made for the mailbox's owner, its first
+// PSN), a ready or a refusal.
 //
 //   - A rank that first needs a peer (TrySend or Read) makes its QP for it
 //     (INIT) and puts a hello in the peer's mailbox, in the first slot free
@@ -26,9 +27,9 @@ import (
 //     fails the connection, which would otherwise wait for the ready).
 //     Nothing goes on the QP until the peer's ready came: the side that
 //     answers reaches RTS first, and what it sent before the starter's QP
-//     is at RTR would be retransmitted only until the retries ran out
-//     (about 3 s), a starter busy computing that long lost the
-//     connection. The starter usually has the answerer's ready by the
+//     was at RTR would be retransmitted only until the retries ran out
+//     (about 3 s), so that a starter busy computing that long would lose
+//     the connection. The starter usually has the answerer's ready by the
 //     time its QP is up.
 //
 // So each side of a connection puts exactly one hello and one ready and
