@@ -15,7 +15,8 @@ import (
 // The transport makes a Conn (RankConn, NodeConn) and only reads it; the
 // Endpoint writes it: NewEndpoint names the transport in its errors,
 // MakeQP sets QP and PSN and the state ConnConnecting, BringUp
-// ConnReady, Fail ConnFailed and Err, and Free clears QP.
+// ConnReady, Fail ConnFailed and Err, Hold and Release whether work may
+// go on a ready QP, and Free clears QP.
 type Conn struct {
 	QP  *verbs.QP // nil until made (lazy connection)
 	PSN uint32    // the QP's first send PSN
