@@ -265,8 +265,10 @@ func TestPKeyChecked(t *testing.T) {
 }
 
 // TestResponderRefuses: a READ or atomic to a QP with no responder
-// resources (max_dest_rd_atomic 0), and a LAST packet with no payload, are
-// invalid requests: NAKed, not carried out. Both were carried out.
+// resources (max_dest_rd_atomic 0), a LAST packet with no payload, and a
+// SEND with Invalidate (the device has nothing to invalidate) are invalid
+// requests: NAKed, not carried out. All were carried out (the last as a
+// plain SEND).
 func TestResponderRefuses(t *testing.T) {
 	invalid := func(t *testing.T, r *rig) {
 		t.Helper()
@@ -293,6 +295,17 @@ func TestResponderRefuses(t *testing.T) {
 			invalid(t, r)
 		})
 	}
+	t.Run("SendWithInvalidate", func(t *testing.T) {
+		r := newRig(t)
+		if err := r.qp.PostRecv(&verbs.RecvWR{WRID: 1, SG: []verbs.SGE{r.mr.SGE(0, 4096)}}); err != nil {
+			t.Fatal(err)
+		}
+		r.inject(func(p *roce.Packet) {
+			p.Opcode, p.PSN, p.Imm = roce.SendOnlyInv, 0x1234, r.mr.RKey()
+			p.Payload = append(p.Payload[:0], "8 bytes!"...)
+		})
+		invalid(t, r)
+	})
 	t.Run("EmptyLast", func(t *testing.T) {
 		r := newRig(t)
 		if err := r.qp.PostRecv(&verbs.RecvWR{WRID: 1, SG: []verbs.SGE{r.mr.SGE(0, 4096)}}); err != nil {

@@ -156,6 +156,11 @@ func (d *Device) onRequest(q *qp, p *roce.Packet) {
 	switch op := p.Opcode; {
 	case (op.IsRead() || op.IsAtomic()) && q.maxDestRdAtomic == 0:
 		d.fatal(q, p, roce.NakInvalidRequest) // no responder resources
+	case op.HasIETH():
+		// SEND with Invalidate: the device has no memory windows or
+		// fast-registered keys to invalidate, and does not claim the
+		// extensions (device_cap_flags): an operation it does not do.
+		d.fatal(q, p, roce.NakInvalidRequest)
 	case op.IsSend():
 		d.recvSend(q, p)
 	case op.IsWrite():
