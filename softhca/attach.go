@@ -353,7 +353,7 @@ func xrcdFile(cmd []byte) ([]int, error) {
 		return nil, nil // the device judges a short command
 	}
 	fd := int(int32(req.FD))
-	if _, _, err := unix.FileID(fd); err != nil {
+	if _, _, _, _, err := unix.FileStat(fd); err != nil {
 		return nil, unix.Errorf(unix.EBADF, "open xrcd: descriptor %d: %v", fd, err)
 	}
 	return []int{fd}, nil

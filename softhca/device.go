@@ -143,8 +143,8 @@ type Device struct {
 	cqs      map[uint32]*cq
 	srqs     map[uint32]*srq
 	qps      qpTable
-	xrcds    map[fileKey]*xrcd // the domains opened from a file
-	nXRCD    int               // domains, shared or not
+	xrcds    map[fileID]*xrcd // the domains opened from a file
+	nXRCD    int              // domains, shared or not
 	nextPDN  uint32
 	nextMR   uint32
 	keyTag   uint8
@@ -197,7 +197,7 @@ func New(ctx context.Context, cfg Config) (*Device, error) {
 		clients: map[*Client]struct{}{},
 		pds:     map[uint32]*pd{}, mrs: map[uint32]*mr{}, cqs: map[uint32]*cq{},
 		srqs:    map[uint32]*srq{},
-		xrcds:   map[fileKey]*xrcd{},
+		xrcds:   map[fileID]*xrcd{},
 		nextPDN: 1, nextMR: 1, nextCQN: 1, nextSRQ: 1, nextQPN: firstQPN, nextXRCD: 1,
 	}
 	// The engine exists before the link, which may deliver at once; it

@@ -57,12 +57,6 @@ func (m *localMemory) close()         {}
 func (m *localMemory) hold([]byte)    {}
 func (m *localMemory) release([]byte) {}
 
-// fileID is a file: its device's major and minor numbers and its inode.
-type fileID struct {
-	major, minor uint32
-	ino          uint64
-}
-
 // fileMapping says what maps a range of a process's memory: the file, and
 // the file offset at the range's start. file.ino is 0 unless one file is
 // mapped there throughout, contiguously (not anonymous memory).

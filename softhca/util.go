@@ -37,3 +37,11 @@ func log2(n uint32) uint {
 func within(base, size, addr, n uint64) bool {
 	return addr >= base && addr-base <= size && n <= size-(addr-base)
 }
+
+// fileID identifies a file however it was opened: its device's major and
+// minor numbers and its inode (the shared memory a client maps, the file
+// of an XRC domain).
+type fileID struct {
+	major, minor uint32
+	ino          uint64
+}

@@ -24,13 +24,10 @@ import (
 // hold an opener (a tgtOpen) under their own handle, and the QP is
 // destroyed with its last opener, whoever made it.
 
-// fileKey identifies the file a shared domain belongs to.
-type fileKey struct{ dev, ino uint64 }
-
 // xrcd is an XRC domain. Guarded by d.mu.
 type xrcd struct {
 	num    uint32
-	key    fileKey
+	key    fileID
 	shared bool           // keyed by a file, in d.xrcds
 	file   int            // shared: the device's descriptor of the file, held open
 	usecnt int            // open handles, XRC SRQs and receive QPs
@@ -71,7 +68,7 @@ func (d *Device) cmdOpenXRCD(r *request) ([]byte, error) {
 		return nil, unix.Error(unix.ENOSPC, "no room for the response")
 	}
 	var x *xrcd
-	var key fileKey
+	var key fileID
 	var file int
 	shared := int32(req.FD) != -1
 	if shared {
@@ -148,24 +145,24 @@ func (d *Device) putXRCD(x *xrcd) {
 // returns the device's descriptor of it (the caller's to dup, not to
 // close). The descriptor is the client's: in this process, its own; a
 // client in another process passes the file itself along with the command.
-func (c *Client) fileKey(fd int32) (fileKey, int, error) {
+func (c *Client) fileKey(fd int32) (fileID, int, error) {
 	var f int
 	switch {
 	case c.passed != nil:
 		f = c.passed[0]
 	case c.remote:
-		return fileKey{}, -1, unix.Errorf(unix.EBADF, "OPEN_XRCD names descriptor %d, but the client passed no file", fd)
+		return fileID{}, -1, unix.Errorf(unix.EBADF, "OPEN_XRCD names descriptor %d, but the client passed no file", fd)
 	default:
 		f = int(fd)
 	}
 	if f < 0 {
-		return fileKey{}, -1, unix.Errorf(unix.EBADF, "descriptor %d", fd)
+		return fileID{}, -1, unix.Errorf(unix.EBADF, "descriptor %d", fd)
 	}
-	dev, ino, err := unix.FileID(f)
+	_, major, minor, ino, err := unix.FileStat(f)
 	if err != nil {
-		return fileKey{}, -1, unix.Errorf(unix.EBADF, "descriptor %d: %v", fd, err)
+		return fileID{}, -1, unix.Errorf(unix.EBADF, "descriptor %d: %v", fd, err)
 	}
-	return fileKey{dev, ino}, f, nil
+	return fileID{major, minor, ino}, f, nil
 }
 
 // createTgtQP makes an XRC receive QP in the domain of ux and its first

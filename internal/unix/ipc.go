@@ -55,24 +55,15 @@ func Sealed(fd int) error {
 	return nil
 }
 
-// FileStat returns the size, the device's major and minor numbers and the
-// inode number of the file fd refers to.
+// FileStat returns the size of the file fd refers to, and its device's
+// major and minor numbers and its inode number: what identifies a file
+// however it was opened (and how /proc/PID/maps names it).
 func FileStat(fd int) (size int64, major, minor uint32, ino uint64, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return 0, 0, 0, 0, Error(asErrno(err), "fstat")
 	}
 	return st.Size, unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino, nil
-}
-
-// FileID returns the device and inode numbers of the file fd refers to:
-// what identifies a file however it was opened.
-func FileID(fd int) (dev, ino uint64, err error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return 0, 0, Error(asErrno(err), "fstat")
-	}
-	return st.Dev, st.Ino, nil
 }
 
 // TryLock takes a shared, or with exclusive an exclusive, flock of f
