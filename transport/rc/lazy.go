@@ -133,24 +133,29 @@ func (l *lazy) Apply() {
 			t.log.Warn("lazy connect: unexpected message", "from", h.rank, "kind", h.kind)
 			continue
 		}
-		refusal := hello{kind: kindRefusal, rank: t.cfg.Rank, qpn: h.qpn}
-		if p.conn.State() == verbsx.ConnFailed {
-			t.e.Go(func() { l.put(p.Rank, refusal) })
-			continue
+		answer := hello{kind: kindReady, rank: t.cfg.Rank}
+		if l.connect(p, h) {
+			answer.qpn = p.conn.QP.Num()
+		} else {
+			answer.kind, answer.qpn = kindRefusal, h.qpn
 		}
-		if err := l.start(p); err != nil {
-			t.e.Go(func() { l.put(p.Rank, refusal) })
-			continue
-		}
-		if err := t.bringUp(p, h.qpn, h.psn); err != nil {
-			t.e.Fail(&p.conn, err)
-			t.e.Go(func() { l.put(p.Rank, refusal) })
-			continue
-		}
-		ready := hello{kind: kindReady, rank: t.cfg.Rank, qpn: p.conn.QP.Num()}
-		t.e.Go(func() { l.put(p.Rank, ready) })
+		t.e.Go(func() { l.put(p.Rank, answer) })
 		l.release(p)
 	}
+}
+
+// connect brings p's QP up toward the QP of p's hello h, making it first
+// if this rank has none, and reports whether it is up; a failure fails
+// p's connection.
+func (l *lazy) connect(p *peer, h hello) bool {
+	if p.conn.State() == verbsx.ConnFailed || l.start(p) != nil {
+		return false
+	}
+	if err := l.t.bringUp(p, h.qpn, h.psn); err != nil {
+		l.t.e.Fail(&p.conn, err)
+		return false
+	}
+	return true
 }
 
 // release lets frames and reads go to p once both QPs are up: this
