@@ -41,6 +41,10 @@ type Context struct {
 
 	qps   qpTable       // QPs by number, for CQ polling
 	xsrqs numTable[SRQ] // XRC SRQs by number, for CQ polling
+	// The SRQ of each QP that receives from one, by QP number: a receive
+	// completion of such a QP is found from the number alone, without
+	// reading the QP object (with thousands of QPs, a cache miss).
+	qpSRQs numTable[SRQ]
 
 	db dbAllocator
 
@@ -169,8 +173,22 @@ func (c *Context) QueryPort(port uint8) (verbs.PortAttr, error) {
 	return a, nil
 }
 
-func (c *Context) storeQP(qp *QP) error  { return c.qps.store(qp) }
-func (c *Context) forgetQP(qpn uint32)   { c.qps.forget(qpn) }
+func (c *Context) storeQP(qp *QP) error {
+	if err := c.qps.store(qp); err != nil {
+		return err
+	}
+	if qp.srq != nil {
+		c.qpSRQs.put(qp.qpn, qp.srq)
+	}
+	return nil
+}
+
+func (c *Context) forgetQP(qp *QP) {
+	if qp.srq != nil {
+		c.qpSRQs.forget(qp.qpn)
+	}
+	c.qps.forget(qp.qpn)
+}
 func (c *Context) findQP(qpn uint32) *QP { return c.qps.find(qpn) }
 
 // CreateCompChannel issues CREATE_COMP_CHANNEL.

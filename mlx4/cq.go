@@ -128,6 +128,14 @@ func (cq *CQ) complete(e *mlx4hw.CQE, wc *verbs.WorkCompletion) error {
 		wc.WRID = id
 		return nil
 	}
+	if !e.IsSend {
+		if srq := cq.ctx.qpSRQs.find(qpn); srq != nil {
+			id := srq.retire(e.WQEIndex)
+			fillWC(e, wc)
+			wc.WRID = id
+			return nil
+		}
+	}
 	qp := cq.lastQP
 	if qp == nil || qp.qpn != qpn {
 		qp = cq.ctx.findQP(qpn)
@@ -137,12 +145,9 @@ func (cq *CQ) complete(e *mlx4hw.CQE, wc *verbs.WorkCompletion) error {
 		cq.lastQP = qp
 	}
 	var id uint64
-	switch {
-	case e.IsSend:
+	if e.IsSend {
 		id = qp.sq.retire(e.WQEIndex)
-	case qp.srq != nil:
-		id = qp.srq.retire(e.WQEIndex)
-	default:
+	} else {
 		id = qp.rq.retireNext()
 	}
 	fillWC(e, wc)

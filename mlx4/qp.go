@@ -80,11 +80,14 @@ type QP struct {
 	qpn    uint32
 	sigAll uint32 // CtrlCQUpdate when every request is signaled
 	spare  uint32 // headroom slots kept free for prefetch
-	srq    *SRQ
+	typ    verbs.QPType
+	// The verbs QP of this QP (verbs.QPHome), its ops (the first field) on
+	// the line that posting reads.
+	home verbs.QP
+	srq  *SRQ
 
 	maxInline int
 	handle    uint32
-	typ       verbs.QPType
 	mem       ring // the QP buffer (both work queues) and the receive doorbell record, if any
 	sendCQ    *CQ
 	recvCQ    *CQ
@@ -260,6 +263,10 @@ func (qp *QP) stamp(i uint32) {
 		mlx4hw.StoreBE32(w[off:], 0xffffffff)
 	}
 }
+
+// VerbsQP is the verbs QP that verbs.PD.CreateQP makes of qp
+// (verbs.QPHome).
+func (qp *QP) VerbsQP() *verbs.QP { return &qp.home }
 
 // Num is the QP number.
 func (qp *QP) Num() uint32 { return qp.qpn }
@@ -563,7 +570,7 @@ func (qp *QP) Destroy() error {
 		return nil // an XRC receive QP: no rings, not in the table
 	}
 	qp.cleanCQs()
-	qp.ctx.forgetQP(qp.qpn)
+	qp.ctx.forgetQP(qp)
 	// Under the post locks, so that no post of another goroutine is in
 	// the ring or the doorbell record.
 	qp.sqMu.Lock()

@@ -74,3 +74,29 @@ func TestQPTable(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// TestQPSRQTable checks that a context finds the SRQ of a QP on one by the
+// QP's number while the QP lives, and not after: a QP that later gets the
+// number, with a receive queue of its own, must not have its receive
+// completions taken from the old QP's SRQ.
+func TestQPSRQTable(t *testing.T) {
+	var c Context
+	srq := &SRQ{}
+	onSRQ, own := &QP{qpn: 0x48, srq: srq}, &QP{qpn: 0x48}
+	if err := c.storeQP(onSRQ); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.qpSRQs.find(0x48); got != srq {
+		t.Fatalf("SRQ of QP 0x48: %p, want %p", got, srq)
+	}
+	c.forgetQP(onSRQ)
+	if got := c.qpSRQs.find(0x48); got != nil {
+		t.Fatalf("SRQ of destroyed QP 0x48 still found")
+	}
+	if err := c.storeQP(own); err != nil {
+		t.Fatal(err)
+	}
+	if c.qpSRQs.find(0x48) != nil || c.findQP(0x48) != own {
+		t.Fatal("the number's new QP, with its own receive queue, is taken for the old one")
+	}
+}

@@ -594,7 +594,7 @@ func (w *dgWorld) snapshot(t testing.TB, in *dgInput) [3]qpSnap {
 			nakSent: q.resp.nakSent, inMsg: q.resp.inMsg, hasRecv: q.resp.hasRecv,
 			resNext: int(q.resp.resNext), reads: len(q.resp.reads),
 			acked: r.acked, high: r.high, psn: r.psn, head: r.head, cwnd: r.cwnd,
-			n: len(r.q), sendIdx: r.sendIdx, rdAtomic: r.rdAtomic, retries: r.retries, rnrLeft: r.rnrLeft,
+			n: len(r.q), sendIdx: int(r.sendIdx), rdAtomic: int(r.rdAtomic), retries: r.retries, rnrLeft: r.rnrLeft,
 			rnrUntil: r.rnrUntil, timerAt: r.timerAt, wqes: string(wq),
 			cqPI: pi, srqTaken: sTaken, srqHead: sHead, srqLim: sLim}
 		// Liveness: work outstanding on a QP that sends has a timer
@@ -606,7 +606,7 @@ func (w *dgWorld) snapshot(t testing.TB, in *dgInput) [3]qpSnap {
 		if len(q.resp.reads) > 0 {
 			t.Fatalf("wedged: QP %d owes READ responses the engine is not sending", i)
 		}
-		if r.sendIdx < 0 || r.sendIdx > len(r.q) || r.rdAtomic < 0 || r.rdAtomic > len(r.q) {
+		if r.sendIdx < 0 || int(r.sendIdx) > len(r.q) || r.rdAtomic < 0 || int(r.rdAtomic) > len(r.q) {
 			t.Fatalf("QP %d requester: %d requests, next to send %d, %d READs and atomics outstanding", i, len(r.q), r.sendIdx, r.rdAtomic)
 		}
 		for _, x := range r.q {

@@ -293,7 +293,7 @@ func TestResponseToUnsentRead(t *testing.T) {
 	r.d.mu.Lock()
 	var rd int
 	for q := range r.d.qps.all {
-		rd = q.req.rdAtomic
+		rd = int(q.req.rdAtomic)
 	}
 	r.d.mu.Unlock()
 	t.Logf("READ requests sent before: %d; buf %q; rdAtomic %d", reads, r.buf[:16], rd)

@@ -18,7 +18,7 @@ func TestQPLayout(t *testing.T) {
 	type span struct{ from, to uintptr } // object offsets
 	req := []span{
 		{0, off(unsafe.Pointer(&q.client)) + unsafe.Sizeof(q.client)},
-		{off(unsafe.Pointer(&q.scq)), off(unsafe.Pointer(&q.req.heapAt)) + unsafe.Sizeof(q.req.heapAt)},
+		{off(unsafe.Pointer(&q.scq)), off(unsafe.Pointer(&q.req)) + unsafe.Sizeof(q.req)},
 	}
 	resp := []span{
 		{0, off(unsafe.Pointer(&q.client)) + unsafe.Sizeof(q.client)},

@@ -59,6 +59,9 @@ type qp struct {
 	scq *cq
 	sq  ring
 	req requester
+	// Bookkeeping of the commands, here so that the receive side starts
+	// on a line of its own.
+	userHandle uint64
 
 	rcq *cq
 	srq *srq
@@ -81,7 +84,6 @@ type qp struct {
 	pkeyIndex          uint16
 	port               uint8
 	qkey, rqPSN, sqPSN uint32
-	userHandle         uint64
 	caps               uverbs.QPCap
 }
 

@@ -80,18 +80,18 @@ type requester struct {
 	lateLeft  uint8 // late timeouts still forgiven (see timeout)
 	rnrLeft   uint8 // RNR retries left
 	drainSent bool
-	sendIdx   int           // first WQE of q with packets to send
-	rdAtomic  int           // READs and atomics sent and not answered
-	q         []*swqe       // outstanding, oldest first; a window into qbuf's array
-	srtt      time.Duration // smoothed round-trip time, 0 before the first sample
-	rttvar    time.Duration
-	probeAt   instant
-	rnrUntil  instant // the end of an RNR wait; zero when not waiting
-	timerAt   instant // when the QP's timer fires; zero when not set
-	heapAt    instant // when the QP is queued in the engine's timer heap: at or before timerAt
-	// The array q lives in, reused as q slides forward. Last: a message
-	// rarely needs it (see qp's layout).
-	qbuf []*swqe
+	sendIdx   int32   // first WQE of q with packets to send
+	rdAtomic  int32   // READs and atomics sent and not answered
+	q         []*swqe // outstanding, oldest first; a window into qbuf's array
+	// The array q lives in, reused as q slides forward. Next to q: a
+	// message that empties q, or fills it to its array's end, reads it.
+	qbuf     []*swqe
+	srtt     time.Duration // smoothed round-trip time, 0 before the first sample
+	rttvar   time.Duration
+	probeAt  instant
+	rnrUntil instant // the end of an RNR wait; zero when not waiting
+	timerAt  instant // when the QP's timer fires; zero when not set
+	heapAt   instant // when the QP is queued in the engine's timer heap: at or before timerAt
 }
 
 // reset forgets everything outstanding, giving the WQE records back to
@@ -281,9 +281,9 @@ func (d *Device) pump(q *qp) {
 	if q.state == qpstate.RTS && !d.fetchPosted(q) {
 		return
 	}
-	for r.sendIdx < len(r.q) {
+	for int(r.sendIdx) < len(r.q) {
 		w := r.q[r.sendIdx]
-		if w.sent == 0 && (w.w.Fence && r.rdAtomic > 0 || w.rdAtomic() && r.rdAtomic >= int(max(q.maxRdAtomic, 1))) {
+		if w.sent == 0 && (w.w.Fence && r.rdAtomic > 0 || w.rdAtomic() && r.rdAtomic >= int32(max(q.maxRdAtomic, 1))) {
 			break
 		}
 		if w.sent == 0 && (w.lastPSN()-r.acked)&roce.PSNMask > roce.MaxMessagePackets {
@@ -1001,7 +1001,7 @@ func (d *Device) rewind(q *qp, psn uint32) {
 			w.sent = uint32(dd) // resume a message in its middle
 		}
 	}
-	r.sendIdx = i
+	r.sendIdx = int32(i)
 	r.probing = false
 	r.rdAtomic = 0
 	for _, w := range r.q[:i] {

@@ -171,9 +171,24 @@ func (pd *PD) CreateQP(attr *QPInitAttr) (*QP, error) {
 		c.unregister(h)
 		return nil, fmt.Errorf("create %v qp: %w", attr.Type, err)
 	}
-	qp := &QP{ctx: c, pd: pd, ops: ops, typ: attr.Type, handle: h, state: QPSReset}
+	qp := new(QP)
+	if h, ok := ops.(QPHome); ok {
+		qp = h.VerbsQP()
+	}
+	qp.ctx, qp.pd, qp.ops, qp.typ, qp.handle, qp.state = c, pd, ops, attr.Type, h, QPSReset
 	c.publish(h, qp)
 	return qp, nil
+}
+
+// QPHome is implemented by a provider's QP made by ProviderPD.CreateQP that
+// holds the QP of this package in its own object, as rdma-core's providers
+// embed struct verbs_qp in theirs: CreateQP then uses that QP, which must
+// be zero and is the provider QP's own for as long as it lives, and a post
+// reads one object instead of two (with thousands of QPs, a cache miss
+// each). The provider should put it where its posting reads, so that
+// QP.ops shares a cache line with what PostSend uses.
+type QPHome interface {
+	VerbsQP() *QP
 }
 
 // Num is the QP number.
