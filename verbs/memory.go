@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"syscall"
@@ -17,7 +18,8 @@ import (
 //     large or long-lived buffers should use; Free unmaps it, and fails with
 //     EBUSY while a memory region still covers it. The memory is a memfd's,
 //     so that a device in another process (a software HCA) can map it too
-//     and move data with plain copies (AllocFile).
+//     and move data with plain copies (AllocFile). A cache of
+//     registrations hooks Free (OnFree) to close the regions it keeps.
 //   - Any Go slice can be registered too: RegMR pins its backing array with a
 //     runtime.Pinner until the region is closed.
 
@@ -53,25 +55,78 @@ func Alloc(n int) ([]byte, error) {
 	return b, nil
 }
 
-// Free unmaps memory returned by Alloc. It fails with an error wrapping
-// EBUSY while a memory region covers it, and with EINVAL for memory Alloc
-// did not return.
+// Free unmaps memory returned by Alloc. It first calls the hooks of
+// OnFree, so that caches of registrations let go of the unused regions
+// they keep in it; then it fails with an error wrapping EBUSY if a memory
+// region still covers it, and with EINVAL for memory Alloc did not return.
 func Free(b []byte) error {
 	base := unix.AddrOf(b)
 	allocs.mu.Lock()
-	defer allocs.mu.Unlock()
-	i, ok := slices.BinarySearchFunc(allocs.list, base, func(x *allocation, base uintptr) int {
-		return cmp.Compare(x.base, base)
-	})
+	a, ok := allocAt(base)
+	allocs.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("free: memory not from Alloc: %w", syscall.EINVAL)
 	}
-	a := allocs.list[i]
+	frees.mu.Lock()
+	hooks := slices.Collect(maps.Values(frees.hooks))
+	frees.mu.Unlock()
+	for _, f := range hooks {
+		f(a.b)
+	}
+	allocs.mu.Lock()
+	defer allocs.mu.Unlock()
+	i := slices.Index(allocs.list, a)
+	if i < 0 {
+		return fmt.Errorf("free: memory not from Alloc (freed meanwhile): %w", syscall.EINVAL)
+	}
 	if a.regs > 0 {
 		return fmt.Errorf("free: %d memory regions still registered: %w", a.regs, syscall.EBUSY)
 	}
 	allocs.list = slices.Delete(allocs.list, i, i+1)
 	return errors.Join(unix.Munmap(a.b), unix.Close(a.fd))
+}
+
+// allocAt finds the Alloc mapping that starts at base. Caller holds
+// allocs.mu.
+func allocAt(base uintptr) (*allocation, bool) {
+	i, ok := slices.BinarySearchFunc(allocs.list, base, func(x *allocation, base uintptr) int {
+		return cmp.Compare(x.base, base)
+	})
+	if !ok {
+		return nil, false
+	}
+	return allocs.list[i], true
+}
+
+// frees holds the hooks of OnFree.
+var frees struct {
+	mu    sync.Mutex
+	next  int
+	hooks map[int]func([]byte)
+}
+
+// OnFree has f called with the memory Free is about to unmap (all of an
+// Alloc mapping), before Free looks for memory regions that still cover
+// it. It is for caches of registrations, which keep regions of memory the
+// program no longer uses open so that a buffer used again is not
+// registered again (as MPI libraries do, and the transports' RegCache):
+// f closes the unused regions it keeps in b, so that Free can succeed. f
+// runs on the goroutine calling Free, with no lock of this package held;
+// it must not call Free. The returned function removes the hook.
+func OnFree(f func(b []byte)) (remove func()) {
+	frees.mu.Lock()
+	defer frees.mu.Unlock()
+	if frees.hooks == nil {
+		frees.hooks = map[int]func([]byte){}
+	}
+	id := frees.next
+	frees.next++
+	frees.hooks[id] = f
+	return func() {
+		frees.mu.Lock()
+		delete(frees.hooks, id)
+		frees.mu.Unlock()
+	}
 }
 
 // AllocFile finds the memory Alloc returned that holds [addr, addr+n), and

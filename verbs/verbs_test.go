@@ -80,6 +80,39 @@ func TestAllocFree(t *testing.T) {
 	}
 }
 
+// TestOnFree: Free calls the hooks with the whole mapping before it looks
+// for regions, so that a hook can release one and Free succeed; a removed
+// hook is not called.
+func TestOnFree(t *testing.T) {
+	b, err := Alloc(10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := holdAlloc(uintptrOf(b)+100, 10) // a region a cache keeps
+	var got [][]byte
+	remove := OnFree(func(m []byte) {
+		got = append(got, m)
+		if a != nil {
+			a.release()
+			a = nil
+		}
+	})
+	if err := Free(b[:100]); err != nil { // a slice of the mapping, from its start
+		t.Fatalf("Free with a hook releasing the region: %v", err)
+	}
+	if len(got) != 1 || uintptrOf(got[0]) != uintptrOf(b) || len(got[0]) != 10000 {
+		t.Fatalf("hook called with %d mappings (%v)", len(got), got)
+	}
+	remove()
+	c, err := Alloc(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Free(c); err != nil || len(got) != 1 {
+		t.Fatalf("Free after the hook's removal: %v, %d calls", err, len(got))
+	}
+}
+
 type listDriver struct {
 	name string
 	devs []DeviceInfo

@@ -34,7 +34,7 @@
 // it at Close. Buffers given to the registration cache belong to the
 // caller, who keeps them alive and unmoved while an entry covering them is
 // in use; the cache may keep them registered (pinned) longer, until the
-// entry is dropped.
+// entry is dropped or verbs.Free unmaps the memory (RegCache hooks it).
 //
 // # Goroutines
 //

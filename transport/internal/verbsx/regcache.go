@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"sync"
 
 	"github.com/xrcrun/xrc/internal/unix"
 	"github.com/xrcrun/xrc/verbs"
@@ -16,15 +18,21 @@ import (
 // slice: Go memory around it may belong to other objects, which must not
 // be pinned). Entries in use are counted; unused ones stay registered —
 // which pins their memory, keeping its addresses valid — up to MaxIdle
-// entries and MaxIdleBytes, the least recently used going first. Owned by
-// the goroutine calling the transport.
+// entries and MaxIdleBytes, the least recently used going first, or until
+// verbs.Free unmaps their memory (the cache hooks it: verbs.OnFree). Used
+// by the goroutine calling the transport, and by verbs.Free's hook on any
+// goroutine: mu guards the rest.
 type RegCache struct {
 	pd      *verbs.PD
+	unhook  func() // removes the hook of verbs.Free
+	mu      sync.Mutex
 	byPage  map[uintptr][]*RegEntry // by every page an entry covers
 	entries int
 	idle    []*RegEntry // unused, least recently used first
 	idleLen int
 	bytes   int64 // registered by the cache
+	// Errors of closing regions for verbs.Free, which Close returns.
+	dropErrs []error
 }
 
 // RegEntry is one registration of the cache; MR is its memory region.
@@ -48,9 +56,30 @@ const (
 
 var pageSize = uintptr(os.Getpagesize())
 
-// NewRegCache makes an empty cache registering regions of pd.
+// NewRegCache makes an empty cache registering regions of pd. Close
+// releases it.
 func NewRegCache(pd *verbs.PD) *RegCache {
-	return &RegCache{pd: pd, byPage: map[uintptr][]*RegEntry{}}
+	c := &RegCache{pd: pd, byPage: map[uintptr][]*RegEntry{}}
+	c.unhook = verbs.OnFree(c.freeing)
+	return c
+}
+
+// freeing closes the unused entries in b, memory verbs.Free is about to
+// unmap. Entries in use stay, and Free fails: the memory is still the
+// device's.
+func (c *RegCache) freeing(b []byte) {
+	lo := unix.AddrOf(b)
+	hi := lo + uintptr(len(b))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range slices.Clone(c.idle) {
+		if e.addr < hi && lo < e.addr+uintptr(e.n) {
+			if err := c.drop(e); err != nil {
+				// Free then fails with EBUSY; Close reports why.
+				c.dropErrs = append(c.dropErrs, err)
+			}
+		}
+	}
 }
 
 func (c *RegCache) pages(addr uintptr, n int) (first, last uintptr) {
@@ -64,6 +93,8 @@ func (c *RegCache) pages(addr uintptr, n int) (first, last uintptr) {
 
 // Get returns a registration covering buf (not empty), counting a user.
 func (c *RegCache) Get(buf []byte) (*RegEntry, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	addr := unix.AddrOf(buf)
 	first, _ := c.pages(addr, len(buf))
 	for _, e := range c.byPage[first] {
@@ -91,6 +122,8 @@ func (c *RegCache) Get(buf []byte) (*RegEntry, error) {
 
 // Find returns the entry whose region is rkey and covers [addr, addr+n).
 func (c *RegCache) Find(addr uintptr, n int, rkey uint32) *RegEntry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	first, _ := c.pages(addr, max(n, 1))
 	for _, e := range c.byPage[first] {
 		if e.MR.RKey() == rkey && e.addr <= addr && addr+uintptr(n) <= e.addr+uintptr(e.n) && e.users > 0 {
@@ -102,6 +135,8 @@ func (c *RegCache) Find(addr uintptr, n int, rkey uint32) *RegEntry {
 
 // Put drops a user of e; an unused entry is kept while the cache has room.
 func (c *RegCache) Put(e *RegEntry) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	e.users--
 	if e.users > 0 {
 		return nil
@@ -148,8 +183,11 @@ func (c *RegCache) drop(e *RegEntry) error {
 	return e.MR.Close()
 }
 
-// Close deregisters every entry, in use or not.
+// Close deregisters every entry, in use or not, and unhooks verbs.Free.
 func (c *RegCache) Close() error {
+	c.unhook()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	seen := map[*RegEntry]bool{}
 	var errs []error
 	for _, list := range c.byPage {
@@ -160,12 +198,21 @@ func (c *RegCache) Close() error {
 			}
 		}
 	}
-	c.byPage, c.idle, c.idleLen, c.entries, c.bytes = map[uintptr][]*RegEntry{}, nil, 0, 0, 0
+	errs = append(errs, c.dropErrs...)
+	c.byPage, c.idle, c.idleLen, c.entries, c.bytes, c.dropErrs = map[uintptr][]*RegEntry{}, nil, 0, 0, 0, nil
 	return errors.Join(errs...)
 }
 
 // Entries is the number of regions the cache holds, in use or not.
-func (c *RegCache) Entries() int { return c.entries }
+func (c *RegCache) Entries() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.entries
+}
 
 // Bytes is the memory the cache's regions cover.
-func (c *RegCache) Bytes() int64 { return c.bytes }
+func (c *RegCache) Bytes() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.bytes
+}

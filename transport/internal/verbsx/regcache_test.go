@@ -1,9 +1,12 @@
 package verbsx
 
 import (
+	"errors"
+	"syscall"
 	"testing"
 
 	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/verbs"
 )
 
 // TestRegCache: a buffer registered again, or a range inside it, hits
@@ -69,5 +72,54 @@ func TestRegCache(t *testing.T) {
 		if x == e {
 			t.Fatal("the least recently used entry is still cached")
 		}
+	}
+}
+
+// TestRegCacheFree: verbs.Free of memory the cache keeps an unused region
+// of closes that region and succeeds (it failed with EBUSY until the cache
+// was closed); a region in use keeps Free failing, and other entries stay.
+func TestRegCacheFree(t *testing.T) {
+	_, c := newDevice(t, softhca.Faults{})
+	pd, err := c.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pd.Close()
+	rc := NewRegCache(pd)
+	defer func() {
+		if err := rc.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	mem, err := verbs.Alloc(4 * int(pageSize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := make([]byte, 100) // Go memory, not freed
+	eo, err := rc.Get(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := rc.Get(mem[pageSize : 3*pageSize])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := verbs.Free(mem); !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("free of memory a region in use covers: %v, want EBUSY", err)
+	}
+	if rc.Entries() != 2 {
+		t.Fatalf("%d entries after a failed free, want 2", rc.Entries())
+	}
+	if err := rc.Put(e); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Put(eo); err != nil {
+		t.Fatal(err)
+	}
+	if err := verbs.Free(mem); err != nil {
+		t.Fatalf("free of memory the cache keeps an unused region of: %v", err)
+	}
+	if rc.Entries() != 1 || len(rc.idle) != 1 || rc.idle[0] != eo {
+		t.Fatalf("after the free: %d entries, idle %v; want the Go buffer's alone", rc.Entries(), rc.idle)
 	}
 }
