@@ -145,9 +145,12 @@ func (cq *CQ) complete(e *mlx4hw.CQE, wc *verbs.WorkCompletion) error {
 		cq.lastQP = qp
 	}
 	var id uint64
-	if e.IsSend {
+	switch {
+	case e.IsSend:
 		id = qp.sq.retire(e.WQEIndex)
-	} else {
+	case qp.srq != nil: // not reached: qpSRQs holds the QPs on an SRQ
+		id = qp.srq.retire(e.WQEIndex)
+	default:
 		id = qp.rq.retireNext()
 	}
 	fillWC(e, wc)

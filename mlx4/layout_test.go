@@ -5,9 +5,9 @@ import (
 	"unsafe"
 )
 
-// TestQPLayout checks that posting a send reads two cache lines of a QP
-// object, the verbs QP's ops among them: with thousands of QPs, each line
-// is a cache miss on every post.
+// TestQPLayout checks that posting a send, inline or not, reads two cache
+// lines of a QP object, the verbs QP's ops among them: with thousands of
+// QPs, each line is a cache miss on every post.
 func TestQPLayout(t *testing.T) {
 	var q QP
 	end := func(p unsafe.Pointer, n uintptr) uintptr { return uintptr(p) + n - uintptr(unsafe.Pointer(&q)) }
@@ -19,7 +19,9 @@ func TestQPLayout(t *testing.T) {
 		end(unsafe.Pointer(&q.sigAll), unsafe.Sizeof(q.sigAll)),
 		end(unsafe.Pointer(&q.spare), unsafe.Sizeof(q.spare)),
 		end(unsafe.Pointer(&q.typ), unsafe.Sizeof(q.typ)),
-		// verbs.QP.PostSend reads ops, its first field (an interface).
+		end(unsafe.Pointer(&q.maxInline), unsafe.Sizeof(q.maxInline)), // inline posts
+		// verbs.QP.PostSend reads ops, its first field (an interface;
+		// verbs' TestQPOpsFirst checks that it is first).
 		end(unsafe.Pointer(&q.home), 2*unsafe.Sizeof(uintptr(0))),
 	}
 	const lines = 2 * 64

@@ -81,17 +81,18 @@ type QP struct {
 	sigAll uint32 // CtrlCQUpdate when every request is signaled
 	spare  uint32 // headroom slots kept free for prefetch
 	typ    verbs.QPType
+	// maxInline is read by inline posts.
+	maxInline int
 	// The verbs QP of this QP (verbs.QPHome), its ops (the first field) on
 	// the line that posting reads.
 	home verbs.QP
 	srq  *SRQ
 
-	maxInline int
-	handle    uint32
-	mem       ring // the QP buffer (both work queues) and the receive doorbell record, if any
-	sendCQ    *CQ
-	recvCQ    *CQ
-	cap       verbs.QPCap
+	handle uint32
+	mem    ring // the QP buffer (both work queues) and the receive doorbell record, if any
+	sendCQ *CQ
+	recvCQ *CQ
+	cap    verbs.QPCap
 
 	rqMu sync.Mutex
 	rq   wq

@@ -171,9 +171,11 @@ func (pd *PD) CreateQP(attr *QPInitAttr) (*QP, error) {
 		c.unregister(h)
 		return nil, fmt.Errorf("create %v qp: %w", attr.Type, err)
 	}
-	qp := new(QP)
-	if h, ok := ops.(QPHome); ok {
-		qp = h.VerbsQP()
+	var qp *QP
+	if home, ok := ops.(QPHome); ok {
+		qp = home.VerbsQP()
+	} else {
+		qp = new(QP)
 	}
 	qp.ctx, qp.pd, qp.ops, qp.typ, qp.handle, qp.state = c, pd, ops, attr.Type, h, QPSReset
 	c.publish(h, qp)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"syscall"
 	"testing"
+	"unsafe"
 )
 
 // capsProvider is a provider that only answers QueryDevice: enough for the
@@ -162,4 +163,13 @@ func TestDevices(t *testing.T) {
 		}
 	}()
 	RegisterDriver(listDriver{name: "test-a"})
+}
+
+// TestQPOpsFirst: ops is a QP's first field, where a provider that holds
+// the QP (QPHome) lays it on the line its posting reads (mlx4's
+// TestQPLayout counts on it).
+func TestQPOpsFirst(t *testing.T) {
+	if off := unsafe.Offsetof(QP{}.ops); off != 0 {
+		t.Fatalf("QP.ops at offset %d, want 0", off)
+	}
 }
