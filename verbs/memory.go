@@ -58,7 +58,8 @@ func Alloc(n int) ([]byte, error) {
 // Free unmaps memory returned by Alloc. It first calls the hooks of
 // OnFree, so that caches of registrations let go of the unused regions
 // they keep in it; then it fails with an error wrapping EBUSY if a memory
-// region still covers it, and with EINVAL for memory Alloc did not return.
+// region still covers it, and with EINVAL for memory Alloc did not return
+// (or that was freed already).
 func Free(b []byte) error {
 	base := unix.AddrOf(b)
 	allocs.mu.Lock()
@@ -112,7 +113,8 @@ var frees struct {
 // registered again (as MPI libraries do, and the transports' RegCache):
 // f closes the unused regions it keeps in b, so that Free can succeed. f
 // runs on the goroutine calling Free, with no lock of this package held;
-// it must not call Free. The returned function removes the hook.
+// it must not call Free. The returned function removes the hook; a Free
+// already under way may still call f after it returned.
 func OnFree(f func(b []byte)) (remove func()) {
 	frees.mu.Lock()
 	defer frees.mu.Unlock()
@@ -168,7 +170,9 @@ func findAlloc(addr uintptr, n uint64) *allocation {
 		return nil
 	}
 	a := allocs.list[i]
-	if addr < a.base || uint64(addr-a.base)+n > uint64(len(a.b)) {
+	// Up to the mapping's end: the bytes past len in its last page can be
+	// registered too (b[:cap(b)]), and then must keep Free from unmapping.
+	if addr < a.base || uint64(addr-a.base)+n > uint64(cap(a.b)) {
 		return nil
 	}
 	return a

@@ -67,8 +67,8 @@ func TestAllocFree(t *testing.T) {
 		}
 		a.release()
 	}
-	if holdAlloc(uintptrOf(b)+100, 9901) != nil {
-		t.Fatal("a range past the allocation found")
+	if holdAlloc(uintptrOf(b)+100, uint64(cap(b))-99) != nil {
+		t.Fatal("a range past the mapping found")
 	}
 	if err := Free(make([]byte, 10)); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("Free of Go memory: %v", err)
@@ -78,6 +78,24 @@ func TestAllocFree(t *testing.T) {
 	}
 	if err := Free(b); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("double Free: %v", err)
+	}
+
+	// The bytes past len in the last page are mapped too, and a region
+	// over them must keep Free from unmapping them.
+	c, err := Alloc(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := holdAlloc(uintptrOf(c), uint64(cap(c)))
+	if a == nil {
+		t.Fatalf("a region over all %d mapped bytes of a 100-byte Alloc not counted", cap(c))
+	}
+	if err := Free(c); !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("Free under a region past len: %v", err)
+	}
+	a.release()
+	if err := Free(c); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -40,8 +40,9 @@
 //
 // Everything here is owned by the goroutine that drives the transport,
 // except RecvPool's posting (also done by the async event goroutine on an
-// SRQ limit event; guarded by its mutex), the Mailbox (safe for concurrent
-// use) and the functions that run as goroutines of their own (WatchCQ,
+// SRQ limit event; guarded by its mutex), the RegCache (whose verbs.Free
+// hook runs on the goroutine calling Free; guarded by its mutex), the
+// Mailbox (safe for concurrent use) and the functions that run as goroutines of their own (WatchCQ,
 // WatchEvents, which Endpoint.Run starts, and what the transport starts
 // with Endpoint.Go). Endpoint.Close stops them all.
 package verbsx

@@ -31,8 +31,10 @@ type RegCache struct {
 	idle    []*RegEntry // unused, least recently used first
 	idleLen int
 	bytes   int64 // registered by the cache
-	// Errors of closing regions for verbs.Free, which Close returns.
+	// Errors of closing regions for verbs.Free, which Close returns (the
+	// regions stay registered, and Free fails with EBUSY).
 	dropErrs []error
+	closed   bool
 }
 
 // RegEntry is one registration of the cache; MR is its memory region.
@@ -72,10 +74,13 @@ func (c *RegCache) freeing(b []byte) {
 	hi := lo + uintptr(len(b))
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return // a Free under way when Close unhooked it
+	}
 	for _, e := range slices.Clone(c.idle) {
 		if e.addr < hi && lo < e.addr+uintptr(e.n) {
 			if err := c.drop(e); err != nil {
-				// Free then fails with EBUSY; Close reports why.
+				// Free then fails with EBUSY; Close returns this.
 				c.dropErrs = append(c.dropErrs, err)
 			}
 		}
@@ -188,6 +193,7 @@ func (c *RegCache) Close() error {
 	c.unhook()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.closed = true
 	seen := map[*RegEntry]bool{}
 	var errs []error
 	for _, list := range c.byPage {

@@ -13,18 +13,7 @@ import (
 // the cache; unused entries stay until more than MaxIdle are unused,
 // the least recently used going first; Unexpose finds entries by rkey.
 func TestRegCache(t *testing.T) {
-	_, c := newDevice(t, softhca.Faults{})
-	pd, err := c.AllocPD()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pd.Close()
-	rc := NewRegCache(pd)
-	defer func() {
-		if err := rc.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
+	rc := newRegCache(t)
 	big := make([]byte, 3*int(pageSize)+100)
 	e, err := rc.Get(big)
 	if err != nil {
@@ -79,18 +68,7 @@ func TestRegCache(t *testing.T) {
 // of closes that region and succeeds (it failed with EBUSY until the cache
 // was closed); a region in use keeps Free failing, and other entries stay.
 func TestRegCacheFree(t *testing.T) {
-	_, c := newDevice(t, softhca.Faults{})
-	pd, err := c.AllocPD()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pd.Close()
-	rc := NewRegCache(pd)
-	defer func() {
-		if err := rc.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
+	rc := newRegCache(t)
 	mem, err := verbs.Alloc(4 * int(pageSize))
 	if err != nil {
 		t.Fatal(err)
@@ -122,4 +100,24 @@ func TestRegCacheFree(t *testing.T) {
 	if rc.Entries() != 1 || len(rc.idle) != 1 || rc.idle[0] != eo {
 		t.Fatalf("after the free: %d entries, idle %v; want the Go buffer's alone", rc.Entries(), rc.idle)
 	}
+}
+
+// newRegCache makes a cache on a new device's PD, closed with the test.
+func newRegCache(t *testing.T) *RegCache {
+	t.Helper()
+	_, c := newDevice(t, softhca.Faults{})
+	pd, err := c.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := NewRegCache(pd)
+	t.Cleanup(func() {
+		if err := rc.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := pd.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return rc
 }
