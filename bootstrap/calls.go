@@ -56,7 +56,7 @@ func (c *Client) Put(ctx context.Context, key string, val []byte) error {
 	if c.nc == nil {
 		return c.localPut(ctx, key, val)
 	}
-	r, err := c.request(ctx, func(id uint64) message { return &msgPut{ID: id, Key: key, Val: val} })
+	r, err := c.request(ctx, func(id uint64) message { return &msgPut{ID: id, Key: key, Val: val} }, false)
 	if err == nil {
 		err = r.err
 	}
@@ -76,7 +76,7 @@ func (c *Client) Get(ctx context.Context, key string) ([]byte, error) {
 	if c.nc == nil {
 		return c.localGet(ctx, key)
 	}
-	r, err := c.request(ctx, func(id uint64) message { return &msgGet{ID: id, Key: key} })
+	r, err := c.request(ctx, func(id uint64) message { return &msgGet{ID: id, Key: key} }, true)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: get %q: %w", cut(key, 64), err)
 	}
@@ -120,6 +120,10 @@ func (c *Client) collective(ctx context.Context, kind uint8, rec []byte) (reply,
 	}
 	ch := make(chan reply, 1)
 	c.wmu.Lock()
+	if err := ctx.Err(); err != nil { // it ended while another call wrote
+		c.wmu.Unlock()
+		return reply{}, err
+	}
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -138,14 +142,18 @@ func (c *Client) collective(ctx context.Context, kind uint8, rec []byte) (reply,
 		bad = r.recs != nil
 	}
 	if err == nil && bad {
-		err = protoErr("malformed", "collective %d (%s): %d records for %d ranks", seq, kindName(kind), len(r.recs), c.size)
+		err = fmt.Errorf("%w: %w", ErrLost, protoErr("malformed", "collective %d (%s): %d records for %d ranks", seq, kindName(kind), len(r.recs), c.size))
 		c.fail(err)
 	}
 	return r, err
 }
 
-// request sends a put or get made by mk and waits for its reply.
-func (c *Client) request(ctx context.Context, mk func(id uint64) message) (reply, error) {
+// request sends a put or get made by mk and waits for its reply. For a get
+// (cancel) that ctx ends after it was sent, the server is told to forget
+// it, with the next frame: a rank that polls for a key with short
+// contexts would otherwise leave a getter on the server per try, each of
+// which the server answers with the whole value once the key is put.
+func (c *Client) request(ctx context.Context, mk func(id uint64) message, cancel bool) (reply, error) {
 	if err := ctx.Err(); err != nil {
 		return reply{}, err
 	}
@@ -160,7 +168,14 @@ func (c *Client) request(ctx context.Context, mk func(id uint64) message) (reply
 	c.reqs[id] = ch
 	c.mu.Unlock()
 	err := c.send(ctx, appendFrame(nil, mk(id)))
-	return c.wait(ctx, c.reqs, id, ch, err)
+	sent := err == nil
+	r, err := c.wait(ctx, c.reqs, id, ch, err)
+	if cancel && sent && err != nil && ctx.Err() != nil && c.Err() == nil {
+		c.mu.Lock()
+		c.cancels = append(c.cancels, id)
+		c.mu.Unlock()
+	}
+	return r, err
 }
 
 // wait waits for the reply to request id, unless sending it failed.
@@ -193,6 +208,9 @@ func (c *Client) send(ctx context.Context, frame []byte) error {
 	if err := c.Err(); err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil { // it ended while another call wrote
+		return err
+	}
 	return c.writeLocked(ctx, frame)
 }
 
@@ -200,6 +218,16 @@ func (c *Client) send(ctx context.Context, frame []byte) error {
 // write, the write is cut short; the frame may then be half sent, so the
 // client ends with ErrLost.
 func (c *Client) writeLocked(ctx context.Context, frame []byte) error {
+	c.mu.Lock()
+	if len(c.cancels) > 0 {
+		var cf []byte
+		for _, id := range c.cancels {
+			cf = appendFrame(cf, &msgCancel{ID: id})
+		}
+		frame = append(cf, frame...)
+		c.cancels = c.cancels[:0]
+	}
+	c.mu.Unlock()
 	var mu sync.Mutex
 	writing := true
 	stop := context.AfterFunc(ctx, func() {

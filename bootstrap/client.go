@@ -55,8 +55,11 @@ type Client struct {
 	reqs   map[uint64]chan reply // puts and gets waiting, by id; guarded by mu
 	local  map[string][]byte     // a world of one's values; guarded by mu
 	lkick  chan struct{}         // closed and replaced on each local put; guarded by mu
-	err    error                 // why the client ended; guarded by mu, set before done closes
-	done   chan struct{}
+	// cancels are the ids of gets whose callers stopped waiting, for the
+	// server to forget, sent before the next frame; guarded by mu.
+	cancels []uint64
+	err     error // why the client ended; guarded by mu, set before done closes
+	done    chan struct{}
 }
 
 type reply struct {
@@ -126,7 +129,25 @@ func (c *Client) register(key, endpoint []byte, rnd io.Reader) error {
 	if err := c.fc.send(&reg); err != nil {
 		return err
 	}
-	ready, err := expectOrReject[*msgReady](c.fc, maxFromServer, tReady)
+	t, p, err := c.fc.read(maxFromServer)
+	if err != nil {
+		return err
+	}
+	switch t {
+	case tReject:
+		rej, err := expect[*msgReject](t, p, tReject)
+		if err != nil {
+			return err
+		}
+		return rejectError(rej)
+	case tAbort: // before every rank joined: one was lost, or the launcher gave up
+		a, err := expect[*msgAbort](t, p, tAbort)
+		if err != nil {
+			return err
+		}
+		return &AbortError{Rank: int(a.Rank), Lost: a.Lost, Reason: a.Reason}
+	}
+	ready, err := expect[*msgReady](t, p, tReady)
 	if err != nil {
 		return err
 	}
@@ -153,7 +174,7 @@ func (c *Client) readLoop() {
 		switch m := m.(type) {
 		case *msgGathered:
 			if m.Recs != nil && len(m.Recs) != c.size {
-				c.fail(protoErr("malformed", "collective %d: %d records for %d ranks", m.Seq, len(m.Recs), c.size))
+				c.fail(fmt.Errorf("%w: %w", ErrLost, protoErr("malformed", "collective %d: %d records for %d ranks", m.Seq, len(m.Recs), c.size)))
 				return
 			}
 			c.deliver(c.colls, m.Seq, reply{recs: m.Recs})
@@ -169,7 +190,7 @@ func (c *Client) readLoop() {
 			c.fail(&AbortError{Rank: int(m.Rank), Lost: m.Lost, Reason: m.Reason})
 			return
 		default:
-			c.fail(protoErr("unexpected", "a %v message from the server", t))
+			c.fail(fmt.Errorf("%w: %w", ErrLost, protoErr("unexpected", "a %v message from the server", t)))
 			return
 		}
 	}
@@ -227,6 +248,10 @@ func (c *Client) Err() error {
 	return c.err
 }
 
+// closeTimeout bounds Close's leave, and a write in progress when Close
+// is called.
+const closeTimeout = 5 * time.Second
+
 // Close leaves the job cleanly and closes the connection. A rank that
 // closes before the others are done with a collective aborts the job, so
 // call Barrier before Close at the end, as MPI_Finalize is collective.
@@ -241,9 +266,14 @@ func (c *Client) Close() error {
 	}
 	var err error
 	if c.nc != nil {
+		// The deadline, set before waiting for wmu, also bounds a write
+		// another call is stuck in (a server that stopped reading).
+		c.nc.SetWriteDeadline(time.Now().Add(closeTimeout))
 		c.wmu.Lock()
-		c.nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		err = c.fc.send(&msgLeave{})
+		if c.Err() == nil {
+			c.nc.SetWriteDeadline(time.Now().Add(closeTimeout))
+			err = c.fc.send(&msgLeave{})
+		}
 		c.wmu.Unlock()
 		if err != nil {
 			err = fmt.Errorf("bootstrap: close: leave: %w", err)

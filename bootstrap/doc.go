@@ -41,7 +41,9 @@
 // Barrier) are numbered per rank in the order called and must be called
 // in the same order by every rank; a rank calling Barrier where another
 // called AllGather aborts the job. Put and Get are a write-once key-value
-// store: Get waits until some rank puts the key.
+// store: Get waits until some rank puts the key; a Get whose context ends
+// is withdrawn from the server (with the client's next message), so that
+// polling for a key with short contexts costs the server nothing.
 //
 // A rank whose connection ends before it called Close aborts the job, and
 // every other rank's client ends with an *AbortError naming it (Lost is

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 )
 
 // The job's state: what the server does with the requests of registered
@@ -42,6 +43,7 @@ func (s *Server) handle(c *sconn, t msgType, p []byte) error {
 		s.kv[m.Key] = m.Val
 		c.enqueue(appendFrame(nil, &msgPutDone{ID: m.ID}))
 		for _, g := range s.gets[m.Key] {
+			delete(g.c.gets, g.id)
 			g.c.enqueue(appendFrame(nil, &msgGot{ID: g.id, Val: m.Val}))
 		}
 		delete(s.gets, m.Key)
@@ -51,13 +53,23 @@ func (s *Server) handle(c *sconn, t msgType, p []byte) error {
 		}
 		if v, ok := s.kv[m.Key]; ok {
 			c.enqueue(appendFrame(nil, &msgGot{ID: m.ID, Val: v}))
+		} else if _, dup := c.gets[m.ID]; dup {
+			return protoErr("unexpected", "get %d while a get of that id waits", m.ID)
 		} else {
+			if c.gets == nil {
+				c.gets = map[uint64]string{}
+			}
+			c.gets[m.ID] = m.Key
 			s.gets[m.Key] = append(s.gets[m.Key], getter{c, m.ID})
 		}
+	case *msgCancel:
+		// A get answered already, or never made, has nothing to cancel.
+		s.dropGetLocked(c, m.ID)
 	case *msgAbort:
 		s.abortLocked(&AbortError{Rank: c.rank, Reason: m.Reason})
 	case *msgLeave:
 		c.left = true
+		s.dropGetsLocked(c)
 		for seq, g := range s.gathers {
 			if !g.have[c.rank] && s.abort == nil {
 				s.abortLocked(&AbortError{Rank: c.rank, Reason: fmt.Sprintf("it closed before taking part in collective %d (%s by rank %d)", seq, kindName(g.kind), g.first)})
@@ -67,6 +79,29 @@ func (s *Server) handle(c *sconn, t msgType, p []byte) error {
 		return protoErr("unexpected", "a %v message from a rank", t)
 	}
 	return nil
+}
+
+// dropGetLocked forgets c's get of request id, if it waits.
+func (s *Server) dropGetLocked(c *sconn, id uint64) {
+	key, ok := c.gets[id]
+	if !ok {
+		return
+	}
+	delete(c.gets, id)
+	gs := slices.DeleteFunc(s.gets[key], func(g getter) bool { return g.c == c && g.id == id })
+	if len(gs) == 0 {
+		delete(s.gets, key)
+	} else {
+		s.gets[key] = gs
+	}
+}
+
+// dropGetsLocked forgets every get of c that waits: the rank left or is
+// gone.
+func (s *Server) dropGetsLocked(c *sconn) {
+	for id := range c.gets {
+		s.dropGetLocked(c, id)
+	}
 }
 
 // gatherLocked adds a rank's part to a collective and, once every rank's
@@ -134,6 +169,29 @@ func (s *Server) abortLocked(a *AbortError) {
 	s.broadcastLocked(appendFrame(nil, &msgAbort{Rank: int32(a.Rank), Lost: a.Lost, Reason: a.Reason}))
 	clear(s.gathers)
 	clear(s.gets)
+	for _, o := range s.members {
+		if o != nil {
+			clear(o.gets)
+		}
+	}
+	s.finishLocked()
+}
+
+// finishLocked ends Serve once every rank has joined and gone, or, after
+// an abort, once every rank that joined is gone and every other one was
+// refused (it tried to join after the abort).
+func (s *Server) finishLocked() {
+	if s.done {
+		return
+	}
+	joined := int(s.joined.Load())
+	if s.gone == s.size || s.abort != nil && s.gone == joined && joined+s.refused == s.size {
+		s.done = true
+		close(s.finished)
+		if s.ln != nil {
+			s.ln.Close()
+		}
+	}
 }
 
 // lost ends a registered rank's connection. Unless it left cleanly or the
@@ -144,6 +202,7 @@ func (s *Server) lost(c *sconn, log *slog.Logger, err error) {
 	c.gone = true
 	s.gone++
 	s.m.members.Dec()
+	s.dropGetsLocked(c)
 	bad := errors.Is(err, ErrProtocol)
 	if bad {
 		s.m.badMessages.WithLabelValues(reasonOf(err)).Inc()
@@ -166,10 +225,5 @@ func (s *Server) lost(c *sconn, log *slog.Logger, err error) {
 	default:
 		s.abortLocked(&AbortError{Rank: c.rank, Lost: true, Reason: fmt.Sprintf("its connection failed before it closed its client: %v", err)})
 	}
-	if s.gone == s.size {
-		close(s.finished)
-		if s.ln != nil {
-			s.ln.Close()
-		}
-	}
+	s.finishLocked()
 }

@@ -43,6 +43,8 @@ func decodeMessage(t msgType, p []byte) (message, error) {
 		m = &msgAbort{}
 	case tLeave:
 		m = &msgLeave{}
+	case tCancel:
+		m = &msgCancel{}
 	default:
 		return nil, protoErr("unknown_type", "unknown message type %d", uint8(t))
 	}
@@ -318,6 +320,15 @@ func (m *msgGet) decode(d *decoder) {
 	m.ID = d.u64()
 	m.Key = d.str(MaxKey)
 }
+
+// msgCancel withdraws the get of request ID: its caller stopped waiting.
+type msgCancel struct {
+	ID uint64
+}
+
+func (*msgCancel) typ() msgType        { return tCancel }
+func (m *msgCancel) encode(e *encoder) { e.u64(m.ID) }
+func (m *msgCancel) decode(d *decoder) { m.ID = d.u64() }
 
 type msgGot struct {
 	ID  uint64

@@ -17,9 +17,10 @@ type sconn struct {
 	// Guarded by Server.mu; set at registration.
 	rank    int
 	member  Member
-	nextSeq uint64 // the number of the rank's next collective
-	left    bool   // the rank said leave
-	gone    bool   // the connection ended
+	nextSeq uint64            // the number of the rank's next collective
+	left    bool              // the rank said leave
+	gone    bool              // the connection ended
+	gets    map[uint64]string // the rank's gets waiting for their keys, by request id
 
 	qmu      sync.Mutex
 	q        [][]byte      // frames to write; guarded by qmu

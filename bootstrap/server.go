@@ -48,8 +48,13 @@ type Server struct {
 
 	closeOnce sync.Once
 	closed    chan struct{} // closed by Close
-	finished  chan struct{} // closed once every rank has joined and gone
-	wg        sync.WaitGroup
+	finished  chan struct{} // closed once every rank has joined and gone (finishLocked)
+	done      bool          // finished is closed; guarded by mu
+	// refused counts the ranks refused after an abort that had not
+	// joined before it (refusedRank marks them); guarded by mu.
+	refused     int
+	refusedRank []bool
+	wg          sync.WaitGroup
 
 	mu         sync.Mutex
 	conns      map[*sconn]struct{} // open connections, registered or not
@@ -311,6 +316,16 @@ func (s *Server) register(c *sconn, r *msgRegister) error {
 	rank := int(r.Rank)
 	switch {
 	case s.abort != nil:
+		if rank < s.size && s.members[rank] == nil && int(r.Size) == s.size {
+			if s.refusedRank == nil {
+				s.refusedRank = make([]bool, s.size)
+			}
+			if !s.refusedRank[rank] {
+				s.refusedRank[rank] = true
+				s.refused++
+				defer s.finishLocked()
+			}
+		}
 		return reject(rejectAborted, "%s", strings.TrimPrefix(s.abort.Error(), "bootstrap: "))
 	case int(r.Size) != s.size:
 		return reject(rejectRegister, "rank %d says the job has %d ranks; it has %d", rank, r.Size, s.size)

@@ -16,7 +16,7 @@ import (
 // version; every later message is of this version.
 const (
 	magic        = "XRCB"
-	protoVersion = 1
+	protoVersion = 2
 	headerLen    = 5
 	nonceLen     = 32
 	proofLen     = 32
@@ -52,11 +52,12 @@ const (
 	tGot                          // server → rank: request id, value
 	tAbort                        // either way: the job ends
 	tLeave                        // rank → server: a clean leave; the connection closes next
+	tCancel                       // rank → server: request id of a get it no longer waits for
 	tLast
 )
 
 var typeNames = [...]string{"", "hello", "challenge", "auth", "register", "reject", "ready", "gather",
-	"gathered", "put", "put-done", "get", "got", "abort", "leave"}
+	"gathered", "put", "put-done", "get", "got", "abort", "leave", "cancel"}
 
 func (t msgType) String() string {
 	if t > 0 && t < tLast {
