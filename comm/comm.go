@@ -628,27 +628,54 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 		// pair up.
 		bad, color = fmt.Errorf("comm: split color %d", color), Undefined
 	}
-	var rec [16]byte
+	var rec [splitRecLen]byte
 	binary.LittleEndian.PutUint64(rec[:], uint64(int64(color)))
 	binary.LittleEndian.PutUint64(rec[8:], uint64(int64(key)))
 	all := make([]byte, len(rec)*c.size)
 	// The new context derives from the collective's tag: the ranks agree
 	// on it, as the calls pair up by it, in whatever order concurrent
 	// Splits of c end.
-	var seq int
+	var n *Comm
 	if err := c.run(func(cc *Comm, tag int) error {
-		seq = tag
-		return cc.allgather(ctx, tag, rec[:], all)
+		if err := cc.allgather(ctx, tag, rec[:], all); err != nil {
+			return err
+		}
+		n = c.splitMembers(color, all)
+		return c.agreeContext(ctx, cc, tag, n, color)
 	}); err != nil {
 		return nil, err
 	}
-	if color == Undefined {
+	if n == nil {
 		return nil, bad
+	}
+	return n, nil
+}
+
+// splitContext is the candidate context id, number salt, of the
+// communicator of color made by the Split of tag on a communicator of
+// context parent.
+func splitContext(parent uint32, tag, color int, salt int64) uint32 {
+	h := fnv.New32a()
+	binary.Write(h, binary.LittleEndian, [4]int64{int64(parent), int64(tag), int64(color), salt})
+	if id := h.Sum32() &^ collBit; id != 0 {
+		return id
+	}
+	return 1
+}
+
+// splitRecLen is the size of a rank's record in Split: color and key.
+const splitRecLen = 16
+
+// splitMembers makes this rank's communicator of Split (nil for
+// Undefined), all but its context, from the ranks' colors and keys.
+func (c *Comm) splitMembers(color int, all []byte) *Comm {
+	if color == Undefined {
+		return nil
 	}
 	type member struct{ key, rank int }
 	var ms []member
 	for r := range c.size {
-		b := all[r*len(rec):]
+		b := all[r*splitRecLen:]
 		if int(int64(binary.LittleEndian.Uint64(b))) == color {
 			ms = append(ms, member{int(int64(binary.LittleEndian.Uint64(b[8:]))), r})
 		}
@@ -656,26 +683,53 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	slices.SortStableFunc(ms, func(a, b member) int {
 		return cmp.Or(cmp.Compare(a.key, b.key), cmp.Compare(a.rank, b.rank))
 	})
-	h := fnv.New32a()
-	binary.Write(h, binary.LittleEndian, [3]int64{int64(c.ctx), int64(seq), int64(color)})
-	n := &Comm{e: c.e, ctx: h.Sum32() &^ collBit, boot: c.boot}
-	if n.ctx == 0 {
-		n.ctx = 1
-	}
+	n := &Comm{e: c.e, boot: c.boot, size: len(ms)}
 	for i, m := range ms {
 		if m.rank == c.rank {
 			n.rank = i
 		}
 		n.ranks = append(n.ranks, c.ranks[m.rank])
 	}
-	n.size = len(ms)
-	c.e.mu.Lock()
-	defer c.e.mu.Unlock()
-	if old, ok := c.e.comms[n.ctx]; ok && old != nil {
-		return nil, fmt.Errorf("comm: context id %#x of a new communicator is in use", n.ctx)
+	return n
+}
+
+// agreeContext gives n, the new communicator of this rank's color (nil for
+// Undefined), a context id free on every rank of c: the ranks of a color
+// derive the same candidate from c's context, the Split's tag (its place
+// among c's collectives, on which the ranks agree) and the color; each
+// takes it if it is free here, and they all learn, within the Split's
+// collective call (cc, tag), whether every rank could. If one could not
+// (another communicator of its has the id), every rank lets its candidate
+// go and they try the next one. So the ranks of a color succeed or fail
+// together, where a rank that found its id taken used to fail alone and
+// leave the others waiting in the new communicator.
+func (c *Comm) agreeContext(ctx context.Context, cc *Comm, tag int, n *Comm, color int) error {
+	for salt := int64(0); ; salt++ {
+		free := byte(1)
+		if n != nil {
+			n.ctx = splitContext(c.ctx, tag, color, salt)
+			c.e.mu.Lock()
+			if old, ok := c.e.comms[n.ctx]; ok && old != nil {
+				free = 0
+			} else {
+				c.e.comms[n.ctx] = n
+			}
+			c.e.mu.Unlock()
+		}
+		all := make([]byte, c.size)
+		err := cc.allgather(ctx, tag, []byte{free}, all)
+		if err == nil && !slices.Contains(all, 0) {
+			return nil
+		}
+		if n != nil && free == 1 {
+			c.e.mu.Lock()
+			delete(c.e.comms, n.ctx)
+			c.e.mu.Unlock()
+		}
+		if err != nil {
+			return err
+		}
 	}
-	c.e.comms[n.ctx] = n
-	return n, nil
 }
 
 // usable returns the error of a call on c, if c can take none: its rank

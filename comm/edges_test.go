@@ -301,3 +301,91 @@ func TestNonCommutative(t *testing.T) {
 		})
 	}
 }
+
+// TestSplitContextCollision: two Splits whose new communicators' first
+// candidate context ids collide on a rank that is in both. The ranks agree
+// on ids (a rank whose candidate is taken makes them all try the next), so
+// both Splits succeed everywhere and the new communicators work. Before,
+// the second Split failed on rank 0 alone ("context id … is in use") and
+// rank 2 hung in the first collective of a communicator rank 0 did not
+// have.
+func TestSplitContextCollision(t *testing.T) {
+	comms := world(t, 3, nil)
+	s1 := int(comms[0].coll)
+	for _, c := range comms {
+		if int(c.coll) != s1 {
+			t.Fatal("ranks disagree on the collective sequence number")
+		}
+	}
+	// Colors c1 (split at s1) and c2 (split at s1+1) with the same first
+	// candidate id. Colors are arbitrary non-negative ints (hashes of host
+	// names, say); the search is deterministic.
+	color := func(i int) int { return int(uint64(i) * 0x9e3779b97f4a7c15 >> 1) }
+	first := map[uint32]int{}
+	for i := range 1 << 17 {
+		first[splitContext(0, s1, color(i), 0)] = color(i)
+	}
+	c1, c2 := -1, -1
+	for i := range 1 << 20 {
+		if o, ok := first[splitContext(0, s1+1, color(i), 0)]; ok {
+			c1, c2 = o, color(i)
+			break
+		}
+	}
+	if c1 < 0 {
+		t.Fatal("no colliding colors found")
+	}
+	// Split 1: ranks 0 and 1 take color c1, rank 2 none. Split 2: ranks 0
+	// and 2 take color c2, rank 1 none.
+	var ids [3][2]uint32
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		r := c.Rank()
+		col := Undefined
+		if r < 2 {
+			col = c1
+		}
+		a, err := c.Split(ctx, col, 0)
+		if err != nil {
+			return err
+		}
+		col = Undefined
+		if r != 1 {
+			col = c2
+		}
+		b, err := c.Split(ctx, col, 0)
+		if err != nil {
+			return err
+		}
+		for i, n := range []*Comm{a, b} {
+			if n != nil {
+				ids[r][i] = n.ctx
+				if err := n.Barrier(ctx); err != nil {
+					return fmt.Errorf("split %d: %w", i+1, err)
+				}
+			}
+		}
+		return nil
+	})
+	if ids[0][0] != ids[1][0] || ids[0][1] != ids[2][1] || ids[0][0] == ids[0][1] {
+		t.Fatalf("context ids by rank (split 1, split 2): %#x", ids)
+	}
+}
+
+// TestReduceScatterCountOverflow: counts whose sum overflows int are
+// refused; they passed the length check, and in place ReduceScatter
+// panicked slicing the receive buffer.
+func TestReduceScatterCountOverflow(t *testing.T) {
+	comms := world(t, 4, nil)
+	counts := []int{1 << 62, 1 << 62, 1 << 62, 1 << 62} // sum ≡ 0 mod 2^64
+	each(t, comms, func(ctx context.Context, c *Comm) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("panic: %v", p)
+			}
+		}()
+		if err := ReduceScatter(ctx, c, nil, []int64{}, counts, Sum); err == nil {
+			return errors.New("ReduceScatter with counts of 2^62 each: no error")
+		}
+		return nil
+	})
+}

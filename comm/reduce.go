@@ -3,6 +3,7 @@ package comm
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"unsafe"
 )
@@ -230,8 +231,8 @@ func reduceScatter[T Number](ctx context.Context, cc *Comm, tag int, send, recv 
 	byteCounts := make([]int, len(counts))
 	total := 0
 	for i, n := range counts {
-		if n < 0 {
-			return fmt.Errorf("comm: reduce_scatter: count %d of rank %d", n, i)
+		if n < 0 || n > (math.MaxInt/size-total) {
+			return fmt.Errorf("comm: reduce_scatter: count %d of rank %d (the counts total more than any buffer)", n, i)
 		}
 		byteCounts[i] = n * size
 		total += n
