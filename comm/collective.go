@@ -101,6 +101,16 @@ func (c *Comm) exchange(ctx context.Context, what string, tag int, sbuf []byte, 
 
 func (c *Comm) checkRoot(root int) error { return c.checkPeer(root, "root") }
 
+// refuse takes c's next turn for a collective refused before it started,
+// so that the calls after it pair up with the other ranks' (which may
+// have accepted theirs), and returns err.
+func (c *Comm) refuse(err error) error {
+	if _, _, uerr := c.collective(); uerr != nil {
+		return uerr
+	}
+	return err
+}
+
 // Barrier returns once every rank of c has called it.
 func (c *Comm) Barrier(ctx context.Context) error {
 	return c.run(func(cc *Comm, tag int) error { return cc.barrier(ctx, tag) })
@@ -121,7 +131,7 @@ func (cc *Comm) barrier(ctx context.Context, tag int) error {
 // buffers of the same length.
 func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
 	if err := c.checkRoot(root); err != nil {
-		return err
+		return c.refuse(err)
 	}
 	return c.run(func(cc *Comm, tag int) error { return cc.bcast(ctx, tag, buf, root) })
 }

@@ -389,3 +389,40 @@ func TestReduceScatterCountOverflow(t *testing.T) {
 		return nil
 	})
 }
+
+// TestBadRootTakesTurn: a collective refused on one rank for its root
+// still takes its turn there, as the package promises, so that the next
+// collectives pair up. The root was checked before the turn was taken:
+// rank 1's next Bcast took the refused one's turn and got its data.
+func TestBadRootTakesTurn(t *testing.T) {
+	comms := world(t, 3, nil)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		root := 0
+		if c.Rank() == 1 {
+			root = 99
+		}
+		buf := []byte("first")
+		if c.Rank() != 0 {
+			buf = make([]byte, 5)
+		}
+		err := c.Bcast(ctx, buf, root)
+		if (err != nil) != (c.Rank() == 1) {
+			return fmt.Errorf("bcast with root %d: %v", root, err)
+		}
+		r := c.Ibcast(ctx, buf, root)
+		if _, err := r.Wait(ctx); (err != nil) != (c.Rank() == 1) {
+			return fmt.Errorf("ibcast with root %d: %v", root, err)
+		}
+		next := []byte("again")
+		if c.Rank() != 0 {
+			next = make([]byte, 5)
+		}
+		if err := c.Bcast(ctx, next, 0); err != nil {
+			return err
+		}
+		if string(next) != "again" {
+			return fmt.Errorf("the next bcast gave %q", next)
+		}
+		return nil
+	})
+}

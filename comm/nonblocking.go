@@ -185,7 +185,7 @@ func (c *Comm) Ibarrier(ctx context.Context) *Request {
 // Ibcast starts a Bcast.
 func (c *Comm) Ibcast(ctx context.Context, buf []byte, root int) *Request {
 	if err := c.checkRoot(root); err != nil {
-		return c.failed(err)
+		return c.failed(c.refuse(err))
 	}
 	return c.start(len(buf), func(cc *Comm, tag int) error { return cc.bcast(ctx, tag, buf, root) })
 }
@@ -198,7 +198,7 @@ func (c *Comm) Igather(ctx context.Context, send, recv []byte, root int) *Reques
 // Igatherv starts a Gatherv.
 func (c *Comm) Igatherv(ctx context.Context, send, recv []byte, counts, displs []int, root int) *Request {
 	if err := c.checkRoot(root); err != nil {
-		return c.failed(err)
+		return c.failed(c.refuse(err))
 	}
 	return c.start(len(send)+len(recv), func(cc *Comm, tag int) error { return cc.gatherv(ctx, tag, send, recv, counts, displs, root) })
 }
@@ -211,7 +211,7 @@ func (c *Comm) Iscatter(ctx context.Context, send, recv []byte, root int) *Reque
 // Iscatterv starts a Scatterv.
 func (c *Comm) Iscatterv(ctx context.Context, send []byte, counts, displs []int, recv []byte, root int) *Request {
 	if err := c.checkRoot(root); err != nil {
-		return c.failed(err)
+		return c.failed(c.refuse(err))
 	}
 	return c.start(len(send)+len(recv), func(cc *Comm, tag int) error { return cc.scatterv(ctx, tag, send, counts, displs, recv, root) })
 }
@@ -241,7 +241,7 @@ func (c *Comm) Ialltoallv(ctx context.Context, send []byte, sendCounts, sendDisp
 // Ireduce starts a Reduce.
 func Ireduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], root int) *Request {
 	if err := c.checkRoot(root); err != nil {
-		return c.failed(err)
+		return c.failed(c.refuse(err))
 	}
 	return c.start(vecBytes(send, recv), func(cc *Comm, tag int) error { return reduce(ctx, cc, tag, send, recv, op, root) })
 }

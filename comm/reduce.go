@@ -143,7 +143,7 @@ func input[T Number](what string, send, recv []T) ([]T, error) {
 // may be nil: recv then holds root's own vector (MPI_IN_PLACE).
 func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], root int) error {
 	if err := c.checkRoot(root); err != nil {
-		return err
+		return c.refuse(err)
 	}
 	return c.run(func(cc *Comm, tag int) error { return reduce(ctx, cc, tag, send, recv, op, root) })
 }

@@ -72,7 +72,7 @@ func checkDisjoint(what string, displs, counts []int) error {
 // may be root's own block of recv.
 func (c *Comm) Gatherv(ctx context.Context, send, recv []byte, counts, displs []int, root int) error {
 	if err := c.checkRoot(root); err != nil {
-		return err
+		return c.refuse(err)
 	}
 	return c.run(func(cc *Comm, tag int) error { return cc.gatherv(ctx, tag, send, recv, counts, displs, root) })
 }
@@ -118,7 +118,7 @@ func (cc *Comm) gatherv(ctx context.Context, tag int, send, recv []byte, counts,
 // where the blocks may overlap.
 func (c *Comm) Scatterv(ctx context.Context, send []byte, counts, displs []int, recv []byte, root int) error {
 	if err := c.checkRoot(root); err != nil {
-		return err
+		return c.refuse(err)
 	}
 	return c.run(func(cc *Comm, tag int) error { return cc.scatterv(ctx, tag, send, counts, displs, recv, root) })
 }
