@@ -136,7 +136,8 @@ func (s *Server) Joined() int { return int(s.joined.Load()) }
 // Serve accepts and serves ranks until ctx is done, Close is called, or
 // every rank has joined and gone. It returns nil after ctx or Close and
 // when every rank left cleanly (closed its client); if the job was
-// aborted it returns the *AbortError once every rank is gone.
+// aborted it returns the *AbortError once every rank is gone: those that
+// joined, and those refused because they came after the abort.
 func (s *Server) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { s.Close() })
 	defer stop()
