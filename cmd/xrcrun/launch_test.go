@@ -420,6 +420,27 @@ func TestLaunchInterrupt(t *testing.T) {
 	}
 }
 
+// TestLaunchHangup: SIGHUP (the session closed) ends the job as SIGTERM
+// does, with its cleanup: the launcher's temporary directories go. It
+// killed the launcher and left them behind.
+func TestLaunchHangup(t *testing.T) {
+	t.Parallel()
+	_, rank := tools(t)
+	tmp := t.TempDir()
+	j := startJob(t, ".", []string{"TMPDIR=" + tmp}, "-n", "2", "--nodes", "2", "--grace", "500ms", rank, "-hang", "-child")
+	j.waitLines(2, regexp.MustCompile(`^child \d+$`), time.Minute)
+	j.cmd.Process.Signal(syscall.SIGHUP)
+	if st := j.wait(time.Minute); st != 128+1 {
+		t.Errorf("exit status %d, want 129\n%s", st, j.stderr.String())
+	}
+	if !strings.Contains(j.stderr.String(), "xrcrun: hung up (SIGHUP)") {
+		t.Errorf("stderr:\n%s", j.stderr.String())
+	}
+	if left, _ := os.ReadDir(tmp); len(left) > 0 {
+		t.Errorf("left in TMPDIR after SIGHUP: %v", left)
+	}
+}
+
 // TestLaunchSecondSignal: a second signal ends the launcher at once,
 // within the grace period of the first, and the launcher's temporary
 // directories go with it.

@@ -22,7 +22,9 @@ import (
 func main() {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	// SIGHUP (the terminal or ssh session closed) ends the job as SIGTERM
+	// does; unhandled, it killed the launcher without its cleanup.
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	go func() {
 		s := <-sigs
 		cancel(signalCause{s})

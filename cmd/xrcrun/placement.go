@@ -60,18 +60,27 @@ func place(n int, nodes []node, ppn int, byNode bool) (placement, error) {
 			next = (next + 1) % len(nodes)
 		}
 	} else {
-		share := 0 // what a node without slots takes
-		if unlimited > 0 {
-			share = max(1, (n-total+unlimited-1)/unlimited)
+		// The nodes without slots share the ranks the others do not take
+		// in blocks, as srun does: the first (rest mod unlimited) take one
+		// more than the others, so that every node gets some (ceil(n/K)
+		// each left the last nodes empty: -n 4 --nodes 3 used two).
+		rest := max(n-total, 0)
+		caps := make([]int, len(nodes))
+		u := 0
+		for k := range nodes {
+			if caps[k] = limit[k]; caps[k] == 0 {
+				c := rest / unlimited
+				if u < rest%unlimited {
+					c++
+				}
+				caps[k] = max(c, 1)
+				u++
+			}
 		}
 		k := 0
 		for r := range n {
 			for {
-				cap := limit[k]
-				if cap == 0 {
-					cap = share
-				}
-				if count[k] < cap {
+				if count[k] < caps[k] {
 					break
 				}
 				k++

@@ -84,3 +84,22 @@ func TestDefaultRanks(t *testing.T) {
 		}
 	}
 }
+
+// TestUnevenNodesAllUsed: --nodes K with a rank count K does not divide
+// uses all K nodes, in blocks (srun's 2,1,1 for -n 4 on 3); a share of
+// ceil(n/K) per node left the last nodes empty.
+func TestUnevenNodesAllUsed(t *testing.T) {
+	for _, c := range []struct{ n, k int }{{4, 3}, {5, 4}, {7, 4}, {10, 4}} {
+		p, err := place(c.n, make([]node, c.k), 0, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts := make([]int, len(p.Ranks))
+		for i, r := range p.Ranks {
+			counts[i] = len(r)
+		}
+		if len(p.Nodes) != c.k || counts[0]-counts[len(counts)-1] > 1 {
+			t.Errorf("-n %d --nodes %d: %d nodes used, ranks per node %v", c.n, c.k, len(p.Nodes), counts)
+		}
+	}
+}

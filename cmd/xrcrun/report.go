@@ -107,6 +107,8 @@ func (s signalCause) Error() string {
 		return "interrupted (SIGINT)"
 	case syscall.SIGTERM:
 		return "terminated (SIGTERM)"
+	case syscall.SIGHUP:
+		return "hung up (SIGHUP)"
 	}
 	return "stopped by signal " + s.sig.String()
 }

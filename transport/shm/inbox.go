@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -56,6 +57,10 @@ type Inbox struct {
 	rings []*Consumer
 	bell  *atomic.Uint32
 	sleep *atomic.Uint32
+	// kmu orders Kick, which other goroutines call, before Close's unmap:
+	// a Kick after Close does nothing (it wrote to unmapped memory).
+	kmu    sync.RWMutex
+	closed bool // guarded by kmu
 }
 
 // CreateInbox creates the inbox file at path (which must not exist) with a
@@ -157,6 +162,11 @@ func (in *Inbox) Spin(d time.Duration) bool {
 // Kick wakes the owner if it sleeps in Wait: for wake-ups that come from
 // elsewhere in its own process (a completion channel, a timer).
 func (in *Inbox) Kick() error {
+	in.kmu.RLock()
+	defer in.kmu.RUnlock()
+	if in.closed {
+		return nil
+	}
 	in.bell.Add(1)
 	return unix.FutexWake(in.bell, 1)
 }
@@ -164,6 +174,9 @@ func (in *Inbox) Kick() error {
 // Close unmaps the inbox and removes its file. Senders that still map it
 // keep their mapping; nobody reads it any more.
 func (in *Inbox) Close() error {
+	in.kmu.Lock()
+	defer in.kmu.Unlock()
+	in.closed = true
 	err := os.Remove(in.path)
 	if e := unix.Munmap(in.mem); e != nil {
 		err = errors.Join(err, e)
