@@ -185,7 +185,7 @@ func (s *Server) finishLocked() {
 		return
 	}
 	joined := int(s.joined.Load())
-	if s.gone == s.size || s.abort != nil && s.gone == joined && joined+s.refused == s.size {
+	if s.gone == s.size || s.abort != nil && s.gone == joined && joined+len(s.refused) == s.size {
 		s.done = true
 		close(s.finished)
 		if s.ln != nil {

@@ -50,11 +50,10 @@ type Server struct {
 	closed    chan struct{} // closed by Close
 	finished  chan struct{} // closed once every rank has joined and gone (finishLocked)
 	done      bool          // finished is closed; guarded by mu
-	// refused counts the ranks refused after an abort that had not
-	// joined before it (refusedRank marks them); guarded by mu.
-	refused     int
-	refusedRank []bool
-	wg          sync.WaitGroup
+	// refused holds the ranks refused after an abort that had not joined
+	// before it; guarded by mu.
+	refused map[int]bool
+	wg      sync.WaitGroup
 
 	mu         sync.Mutex
 	conns      map[*sconn]struct{} // open connections, registered or not
@@ -318,12 +317,11 @@ func (s *Server) register(c *sconn, r *msgRegister) error {
 	switch {
 	case s.abort != nil:
 		if rank < s.size && s.members[rank] == nil && int(r.Size) == s.size {
-			if s.refusedRank == nil {
-				s.refusedRank = make([]bool, s.size)
+			if s.refused == nil {
+				s.refused = map[int]bool{}
 			}
-			if !s.refusedRank[rank] {
-				s.refusedRank[rank] = true
-				s.refused++
+			if !s.refused[rank] {
+				s.refused[rank] = true
 				defer s.finishLocked()
 			}
 		}

@@ -31,16 +31,7 @@ func TestDelayedSendAfterClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	txFD := d.link.(*udpLink).txFD
-	d.mu.Lock()
-	p := getPacket()
-	p.SrcGID, p.DstGID, p.DestQP, p.PKey = d.gid, dst.As16(), 1, 0xffff
-	p.Opcode, p.PSN, p.Syndrome = roce.Acknowledge, 1, roce.AETHAck
-	d.eng.send(p)
-	d.eng.flushOut()
-	d.mu.Unlock()
-	if err := d.Close(); err != nil {
-		t.Fatal(err)
-	}
+	sendAckAndClose(t, d, dst.As16())
 	// Another part of the process opens sockets; one gets the number.
 	reused := false
 	for range 8 {
@@ -78,19 +69,26 @@ func TestDelayedSendAfterCloseFabric(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sendAckAndClose(t, d, sink.gid)
+	for clock.fire() {
+	}
+	if got := sink.drain(); len(got) != 0 {
+		t.Fatalf("%d packets from the closed device reached the fabric", len(got))
+	}
+}
+
+// sendAckAndClose has d send an ACK toward dst, which its Delay fault
+// holds back, and then closes d.
+func sendAckAndClose(t *testing.T, d *Device, dst [16]byte) {
+	t.Helper()
 	d.mu.Lock()
 	p := getPacket()
-	p.SrcGID, p.DstGID, p.DestQP, p.PKey = d.gid, sink.gid, 1, 0xffff
+	p.SrcGID, p.DstGID, p.DestQP, p.PKey = d.gid, dst, 1, 0xffff
 	p.Opcode, p.PSN, p.Syndrome = roce.Acknowledge, 1, roce.AETHAck
 	d.eng.send(p)
 	d.eng.flushOut()
 	d.mu.Unlock()
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
-	}
-	for clock.fire() {
-	}
-	if got := sink.drain(); len(got) != 0 {
-		t.Fatalf("%d packets from the closed device reached the fabric", len(got))
 	}
 }

@@ -47,9 +47,7 @@ func Alloc(n int) ([]byte, error) {
 	}
 	a := &allocation{base: unix.AddrOf(b), b: b, fd: fd}
 	allocs.mu.Lock()
-	i, _ := slices.BinarySearchFunc(allocs.list, a.base, func(x *allocation, base uintptr) int {
-		return cmp.Compare(x.base, base)
-	})
+	i, _ := slices.BinarySearchFunc(allocs.list, a.base, byBase)
 	allocs.list = slices.Insert(allocs.list, i, a)
 	allocs.mu.Unlock()
 	return b, nil
@@ -87,12 +85,14 @@ func Free(b []byte) error {
 	return errors.Join(unix.Munmap(a.b), unix.Close(a.fd))
 }
 
+// byBase orders allocations by their base address, for searches of
+// allocs.list.
+func byBase(x *allocation, base uintptr) int { return cmp.Compare(x.base, base) }
+
 // allocAt finds the Alloc mapping that starts at base. Caller holds
 // allocs.mu.
 func allocAt(base uintptr) (*allocation, bool) {
-	i, ok := slices.BinarySearchFunc(allocs.list, base, func(x *allocation, base uintptr) int {
-		return cmp.Compare(x.base, base)
-	})
+	i, ok := slices.BinarySearchFunc(allocs.list, base, byBase)
 	if !ok {
 		return nil, false
 	}
@@ -160,9 +160,7 @@ func holdAlloc(addr uintptr, n uint64) *allocation {
 // findAlloc finds the Alloc mapping containing [addr, addr+n). Caller holds
 // allocs.mu.
 func findAlloc(addr uintptr, n uint64) *allocation {
-	i, found := slices.BinarySearchFunc(allocs.list, addr, func(x *allocation, base uintptr) int {
-		return cmp.Compare(x.base, base)
-	})
+	i, found := slices.BinarySearchFunc(allocs.list, addr, byBase)
 	if !found {
 		i--
 	}
