@@ -46,7 +46,8 @@ type Context struct {
 	// reading the QP object (with thousands of QPs, a cache miss).
 	qpSRQs numTable[SRQ]
 
-	db dbAllocator
+	qmem queueMem
+	db   dbAllocator
 
 	attrOnce sync.Once
 	attr     verbs.DeviceAttr
@@ -64,7 +65,8 @@ func Open(k Kernel) (*Context, error) {
 	if y, ok := k.(Yielder); ok {
 		c.yield = y.Yield
 	}
-	c.db.k = k
+	c.qmem.k = k
+	c.db.m = &c.qmem
 	var req uverbs.Cmd[uverbs.GetContext]
 	var resp mlx4abi.AllocUcontextResp
 	if err := uverbs.Exec(conn, uverbs.CmdGetContext, &req, &resp); err != nil {
@@ -99,6 +101,9 @@ func Open(k Kernel) (*Context, error) {
 func (c *Context) Close() error {
 	err := c.uar.Close()
 	if e := c.db.close(); err == nil {
+		err = e
+	}
+	if e := c.qmem.close(); err == nil {
 		err = e
 	}
 	if e := c.async.Close(); err == nil {
@@ -222,17 +227,17 @@ type ring struct {
 	db  []byte
 }
 
-// allocRing allocates a zeroed queue buffer of n bytes (whole pages) and, if
-// withDB, a doorbell record.
+// allocRing allocates a zeroed queue buffer of n bytes (on whole pages) and,
+// if withDB, a doorbell record.
 func (c *Context) allocRing(n int, withDB bool) (ring, error) {
-	buf, err := c.k.AllocQueue((n + unix.PageSize - 1) &^ (unix.PageSize - 1))
+	buf, err := c.qmem.alloc(n)
 	if err != nil {
 		return ring{}, fmt.Errorf("queue buffer: %w", err)
 	}
-	r := ring{buf: buf[:n]}
+	r := ring{buf: buf}
 	if withDB {
 		if r.db, err = c.db.alloc(); err != nil {
-			c.k.FreeQueue(buf)
+			c.qmem.free(buf)
 			return ring{}, err
 		}
 	}
@@ -244,7 +249,7 @@ func (c *Context) freeRing(r ring) error {
 	if r.db != nil {
 		c.db.release(r.db)
 	}
-	return c.k.FreeQueue(r.buf)
+	return c.qmem.free(r.buf)
 }
 
 // addr is the address a command passes for memory the device reaches.
@@ -254,7 +259,7 @@ func addr(b []byte) uint64 { return uint64(unix.AddrOf(b)) }
 // record takes 8 bytes (a CQ's set_ci and arm words; a receive queue's
 // counter uses the first 4).
 type dbAllocator struct {
-	k     Kernel
+	m     *queueMem
 	mu    sync.Mutex
 	pages [][]byte // guarded by mu
 	free  [][]byte // guarded by mu
@@ -264,7 +269,7 @@ func (a *dbAllocator) alloc() ([]byte, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if len(a.free) == 0 {
-		p, err := a.k.AllocQueue(unix.PageSize)
+		p, err := a.m.alloc(unix.PageSize)
 		if err != nil {
 			return nil, fmt.Errorf("doorbell page: %w", err)
 		}
@@ -290,7 +295,7 @@ func (a *dbAllocator) close() error {
 	defer a.mu.Unlock()
 	var err error
 	for _, p := range a.pages {
-		if e := a.k.FreeQueue(p); err == nil {
+		if e := a.m.free(p); err == nil {
 			err = e
 		}
 	}

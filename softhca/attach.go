@@ -301,7 +301,8 @@ func (u remoteUAR) Close() error              { return nil }
 
 // QueryCounters returns the counters of the device service called name in
 // dir ("" means RuntimeDir()): the port and error counters, named as sysfs
-// names them, then its object counts (objects_qps, ...).
+// names them, then its object counts (objects_qps, ...) and the pieces of
+// its clients' memory it maps (client_mappings).
 func QueryCounters(ctx context.Context, dir, name string) ([]Counter, error) {
 	body, err := ask(ctx, dir, name, msgCounters)
 	if err != nil {

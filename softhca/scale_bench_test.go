@@ -346,7 +346,9 @@ func newScaleSetup(b *testing.B, devices, n int) *scaleSetup {
 //     heap), computed from the QP's capacities (send queue only: the QPs
 //     receive from an SRQ);
 //   - mmap-B/QP: the same measured: the queue memory the provider mapped
-//     (mlx4.Kernel.AllocQueue) while creating the QPs, per QP.
+//     (mlx4.Kernel.AllocQueue) while creating the QPs, per QP; the
+//     provider takes it in chunks of 1 MiB that many queues share, so
+//     with few QPs this is a chunk's share.
 //
 // XRC_SCALE_QPS, a comma-separated list, sets the QP counts (default
 // 10,1000,10000), to find where the cost per message turns up.

@@ -219,3 +219,79 @@ func waitWC(t *testing.T, cq *verbs.CQ, wrid uint64) {
 		}
 	}
 }
+
+// TestQueuesShareMappings: a client's queues share the memory the device
+// maps for them, so that a client with many QPs costs the device a few
+// mappings (each one of its vm.max_map_count), not one a queue; and the
+// device unmaps that memory when the client destroys its queues.
+func TestQueuesShareMappings(t *testing.T) {
+	const n = 300
+	dir := t.TempDir()
+	s := hcatest.Start(t, dir)
+	c := attach(t, s)
+	pd, err := c.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pd.Close()
+	cq, err := c.CreateCQ(4*n, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cq.Close()
+	before := s.Counters(t)["client_mappings"]
+	qps := make([]*verbs.QP, n)
+	for i := range qps {
+		if qps[i], err = pd.CreateQP(&verbs.QPInitAttr{Type: verbs.QPTRC, SendCQ: cq, RecvCQ: cq,
+			Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	during := s.Counters(t)
+	if during["objects_qps"] != n {
+		t.Fatalf("%d QPs on the device, want %d", during["objects_qps"], n)
+	}
+	if m := during["client_mappings"] - before; m > 8 {
+		t.Errorf("%d QPs: the device maps %d more pieces of the client's memory, want a few", n, m)
+	}
+	for _, q := range qps {
+		if err := q.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := s.Counters(t)["client_mappings"]; m > before+1 {
+		t.Errorf("after destroying the QPs: the device maps %d pieces of the client's memory, %d before them", m, before)
+	}
+}
+
+// BenchmarkCreateQPOutOfProcess measures the creation of an RC QP on a
+// device in another process (its queue memory included), b.N QPs alive
+// at once.
+func BenchmarkCreateQPOutOfProcess(b *testing.B) {
+	s := hcatest.Start(b, b.TempDir())
+	c := attach(b, s)
+	pd, err := c.AllocPD()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pd.Close()
+	cq, err := c.CreateCQ(64, nil, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cq.Close()
+	qps := make([]*verbs.QP, 0, b.N)
+	defer func() {
+		for _, q := range qps {
+			q.Close()
+		}
+	}()
+	for b.Loop() {
+		q, err := pd.CreateQP(&verbs.QPInitAttr{Type: verbs.QPTRC, SendCQ: cq, RecvCQ: cq,
+			Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		qps = append(qps, q)
+	}
+}

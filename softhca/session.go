@@ -345,7 +345,9 @@ func (d *Device) info() *deviceInfo {
 	return &deviceInfo{guid: d.guid, gid: d.gid, mtu: uint32(d.mtu), name: d.name}
 }
 
-// counterValues lists the counters and the object counts.
+// counterValues lists the counters, the object counts, and the pieces of
+// its clients' memory the device maps (client_mappings: queue and region
+// memfds, bell rings; each is one of the process's vm.max_map_count).
 func (d *Device) counterValues() ([]string, []uint64) {
 	var names []string
 	var values []uint64
@@ -361,7 +363,7 @@ func (d *Device) counterValues() ([]string, []uint64) {
 		names = append(names, "objects_"+x.n)
 		values = append(values, uint64(x.v))
 	}
-	return names, values
+	return append(names, "client_mappings"), append(values, uint64(d.maps.n.Load()))
 }
 
 // isOpenXRCD reports whether a command message's body is an OPEN_XRCD

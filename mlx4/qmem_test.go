@@ -1,0 +1,153 @@
+//go:build linux
+
+package mlx4
+
+import (
+	"errors"
+	"math/rand/v2"
+	"syscall"
+	"testing"
+
+	"github.com/xrcrun/xrc/internal/unix"
+)
+
+// countingKernel maps queue memory and counts what it has handed out.
+type countingKernel struct {
+	Kernel
+	allocs, live int
+}
+
+func (k *countingKernel) AllocQueue(n int) ([]byte, error) {
+	k.allocs++
+	k.live++
+	return unix.MmapAnon(n)
+}
+
+func (k *countingKernel) FreeQueue(b []byte) error {
+	k.live--
+	return unix.Munmap(b)
+}
+
+// TestQueueMemShares: a thousand small queue buffers take a few of the
+// Kernel's allocations, each is page-aligned and zeroed (also when its
+// pages held an earlier buffer: a buffer overlapping a live one would not
+// be, and the live one's bytes would change), a large buffer is
+// an allocation of its own, and once all are freed one chunk is left, which
+// close gives back.
+func TestQueueMemShares(t *testing.T) {
+	k := &countingKernel{}
+	m := &queueMem{k: k}
+	rng := rand.New(rand.NewPCG(1, 2))
+	type buf struct {
+		b   []byte
+		tag byte
+	}
+	var live []buf
+	check := func(b []byte, n int) {
+		t.Helper()
+		if len(b) != n || cap(b)%unix.PageSize != 0 || addrOf(b)%uintptr(unix.PageSize) != 0 {
+			t.Fatalf("buffer of %d bytes: len %d cap %d at %#x", n, len(b), cap(b), addrOf(b))
+		}
+		for i, v := range b[:cap(b)] {
+			if v != 0 {
+				t.Fatalf("buffer of %d bytes: byte %d is %#x, not zeroed", n, i, v)
+			}
+		}
+	}
+	for round := range 4000 {
+		if len(live) > 0 && (len(live) > 1000 || rng.IntN(3) == 0) {
+			i := rng.IntN(len(live))
+			x := live[i]
+			for j, v := range x.b[:cap(x.b)] {
+				if v != x.tag {
+					t.Fatalf("round %d: byte %d of a buffer is %#x, written %#x: another buffer overlaps it", round, j, v, x.tag)
+				}
+			}
+			if err := m.free(x.b); err != nil {
+				t.Fatal(err)
+			}
+			live[i] = live[len(live)-1]
+			live = live[:len(live)-1]
+			continue
+		}
+		n := 1 + rng.IntN(4*unix.PageSize)
+		b, err := m.alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(b, n)
+		tag := byte(1 + round%250)
+		for j := range cap(b) {
+			b[:cap(b)][j] = tag
+		}
+		live = append(live, buf{b, tag})
+	}
+	if k.allocs > 20 {
+		t.Errorf("%d allocations of the Kernel for at most 1,000 buffers of up to 4 pages, want a few chunks", k.allocs)
+	}
+
+	big, err := m.alloc((maxPooledPages + 1) * unix.PageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, c := m.chunkOf(addrOf(big)); c != nil {
+		t.Error("a buffer larger than maxPooledPages came from a chunk")
+	}
+	before := k.live
+	if err := m.free(big); err != nil || k.live != before-1 {
+		t.Fatalf("free of a large buffer: %v, %d allocations live, want %d", err, k.live, before-1)
+	}
+
+	for _, x := range live {
+		if err := m.free(x.b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if k.live != 1 || len(m.chunks) != 1 {
+		t.Fatalf("all freed: %d allocations live, %d chunks, want 1", k.live, len(m.chunks))
+	}
+	b, err := m.alloc(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(b, 100)
+	if err := m.free(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.close(); err != nil || k.live != 0 {
+		t.Fatalf("close: %v, %d allocations live", err, k.live)
+	}
+}
+
+// TestQueueMemBadFree: freeing what is not a buffer in use (twice, a part
+// of one) is refused and changes nothing.
+func TestQueueMemBadFree(t *testing.T) {
+	k := &countingKernel{}
+	m := &queueMem{k: k}
+	a, err := m.alloc(3 * unix.PageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.alloc(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a[0], b[0] = 1, 2
+	for _, bad := range [][]byte{a[unix.PageSize:], a[:unix.PageSize:unix.PageSize], a[8:]} {
+		if err := m.free(bad); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("free of part of a buffer: %v, want EINVAL", err)
+		}
+	}
+	if err := m.free(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.free(b); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("second free: %v, want EINVAL", err)
+	}
+	if a[0] != 1 {
+		t.Error("a refused free cleared a buffer in use")
+	}
+	if err := m.close(); err != nil || k.live != 1 {
+		t.Fatalf("close with a buffer in use: %v, %d allocations live, want its chunk kept", err, k.live)
+	}
+}
