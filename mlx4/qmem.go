@@ -56,7 +56,7 @@ func (m *queueMem) alloc(n int) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		return b[:n:pages*ps], nil
+		return b[: n : pages*ps], nil
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
