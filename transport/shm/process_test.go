@@ -3,6 +3,7 @@ package shm
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,10 +16,12 @@ import (
 
 // The other process of the cross-process tests is this test binary again,
 // started with XRC_SHM_PEER=<dir>: it makes its inbox in dir, maps the
-// test's, and echoes every frame back until an empty one. A frame of 16
-// bytes starting with "pull" is a request: the peer fills a buffer of the
-// length it names and answers with its address, then waits for an empty
-// frame saying the test has pulled it.
+// test's, and echoes every frame back until an empty one, which ends it
+// whatever it holds. A frame of 16 bytes starting with "pull" is a
+// request: the peer fills a buffer of the length it names and answers with
+// its address, and keeps the buffer until a frame of 16 bytes starting
+// with "pulled" says the test has pulled it (pulledFrame). It ends on its
+// own if the test process goes away.
 func TestMain(m *testing.M) {
 	if dir := os.Getenv("XRC_SHM_PEER"); dir != "" {
 		if err := peer(dir); err != nil {
@@ -42,6 +45,7 @@ func peer(dir string) error {
 	}
 	defer out.Close()
 	c := in.Ring(0)
+	parent := os.Getppid()
 	var held []byte // a buffer the test pulls; kept alive until it says so
 	for {
 		f, err := c.Next()
@@ -55,13 +59,17 @@ func peer(dir string) error {
 			if err := in.Wait(time.Second); err != nil {
 				return err
 			}
+			if os.Getppid() != parent {
+				return errors.New("the test process is gone")
+			}
 			continue
 		}
 		if len(f) == 0 {
 			c.Release()
-			if held == nil {
-				return nil
-			}
+			return nil
+		}
+		if bytes.Equal(f, pulledFrame[:]) {
+			c.Release()
 			held = nil
 			continue
 		}
@@ -75,19 +83,41 @@ func peer(dir string) error {
 			var ans [16]byte
 			binary.LittleEndian.PutUint64(ans[:], uint64(unix.AddrOf(held)))
 			binary.LittleEndian.PutUint64(ans[8:], uint64(n))
-			for ok := false; !ok; {
-				if ok, err = out.Write(ans[:]); err != nil {
-					return err
-				}
+			if err := writeFor(out, ans[:], peerPatience); err != nil {
+				return err
 			}
 			continue
 		}
-		for ok := false; !ok; {
-			if ok, err = out.Write(f); err != nil {
-				return err
-			}
+		if err := writeFor(out, f, peerPatience); err != nil {
+			return err
 		}
 		c.Release()
+	}
+}
+
+// pulledFrame tells the peer that the buffer it offered was pulled.
+var pulledFrame = [16]byte{'p', 'u', 'l', 'l', 'e', 'd'}
+
+// peerPatience bounds how long either process of a cross-process test
+// waits for the other to make room in a ring or to end: a slow, loaded
+// machine takes milliseconds, a hang forever.
+const peerPatience = 30 * time.Second
+
+// writeFor writes frame f into out, retrying while the ring is full, for
+// at most d.
+func writeFor(out *Outbox, f []byte, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for i := 0; ; i++ {
+		ok, err := out.Write(f)
+		if err != nil || ok {
+			return err
+		}
+		if i&1023 == 1023 {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("ring full for %v", d)
+			}
+			time.Sleep(10 * time.Microsecond)
+		}
 	}
 }
 
@@ -112,13 +142,26 @@ func startPeer(t testing.TB) *peerPair {
 		t.Fatal(err)
 	}
 	pp := &peerPair{in: in, cmd: cmd}
+	// The peer ends at the empty frame, whatever the test left it doing
+	// (a test that failed may leave it holding a buffer to pull); one
+	// that does not end in time is killed, and the test fails.
 	t.Cleanup(func() {
 		if pp.out != nil {
-			pp.send(t, nil)
+			if err := writeFor(pp.out, nil, peerPatience); err != nil {
+				t.Errorf("end the peer: %v", err)
+			}
 			pp.out.Close()
 		}
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("peer: %v", err)
+		waited := make(chan error, 1)
+		go func() { waited <- cmd.Wait() }()
+		select {
+		case err := <-waited:
+			if err != nil {
+				t.Errorf("peer: %v", err)
+			}
+		case <-time.After(peerPatience):
+			cmd.Process.Kill()
+			t.Errorf("peer did not end in %v; killed: %v", peerPatience, <-waited)
 		}
 		in.Close()
 	})
@@ -138,14 +181,8 @@ func startPeer(t testing.TB) *peerPair {
 }
 
 func (pp *peerPair) send(t testing.TB, f []byte) {
-	for {
-		ok, err := pp.out.Write(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok {
-			return
-		}
+	if err := writeFor(pp.out, f, peerPatience); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -200,7 +237,7 @@ func TestCrossProcess(t *testing.T) {
 			t.Fatalf("pulled byte %d is %d", i, dst[i])
 		}
 	}
-	pp.send(t, []byte{}) // done pulling
+	pp.send(t, pulledFrame[:])
 }
 
 func (pp *peerPair) requestPull(t testing.TB, n int) (addr uint64, length int) {
@@ -243,5 +280,5 @@ func BenchmarkPull(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	pp.send(b, []byte{})
+	pp.send(b, pulledFrame[:])
 }

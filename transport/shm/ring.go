@@ -225,8 +225,10 @@ func (c *Consumer) Unblocked() bool {
 	return c.blocked.Load() != 0 && c.blocked.Swap(0) != 0
 }
 
-// Pending reports whether a frame (or a corrupt ring) may be waiting.
-func (c *Consumer) Pending() bool { return c.err != nil || c.tail.Load() != c.pos }
+// Pending reports whether a frame may be waiting. A ring found corrupt is
+// not: nothing more is read from it, whatever its producer writes, so it
+// must not keep its owner awake.
+func (c *Consumer) Pending() bool { return c.err == nil && c.tail.Load() != c.pos }
 
 func (c *Consumer) corrupt(format string, args ...any) error {
 	c.err = fmt.Errorf("%w: "+format, append([]any{ErrCorrupt}, args...)...)

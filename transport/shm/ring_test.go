@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 )
@@ -94,6 +95,8 @@ func TestRingConcurrent(t *testing.T) {
 				return
 			} else if ok {
 				seq++
+			} else {
+				runtime.Gosched() // full: let the consumer run on a busy machine
 			}
 		}
 	})
@@ -103,6 +106,7 @@ func TestRingConcurrent(t *testing.T) {
 			t.Fatal(err)
 		}
 		if got == nil {
+			runtime.Gosched()
 			continue
 		}
 		if !bytes.Equal(got, frame(seq, 8+int(seq%200))) {

@@ -5,9 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/xrcrun/xrc/internal/unix"
 	"github.com/xrcrun/xrc/transport"
@@ -30,6 +33,11 @@ type Config struct {
 	NoPull bool
 	// Rank, LocalRank and LocalSize place this rank on its node.
 	Rank, LocalRank, LocalSize int
+	// Logger gets the transport's logs; nil discards them.
+	Logger *slog.Logger
+	// Registerer, when not nil, gets the transport's counters, labeled
+	// with the rank.
+	Registerer prometheus.Registerer
 }
 
 // Transport is the shared-memory transport of one rank: its inbox, which
@@ -43,8 +51,15 @@ type Transport struct {
 	out     map[int]*Outbox // by rank
 	pid     map[int]int     // by rank: the pid whose memory its Remotes name
 	senders []int           // rank of each ring of the inbox, by local rank; -1 until connected
-	done    []readDone      // completions of Reads, for the next Progress
-	closed  bool
+	// broken holds, by rank, why the peer's ring into the inbox was found
+	// corrupt: Progress reads it no more, and every later call toward
+	// the peer returns the error.
+	broken   map[int]error
+	maxEager int        // the largest frame every connected peer's ring takes
+	done     []readDone // completions of Reads, for the next Progress
+	log      *slog.Logger
+	m        *metrics
+	closed   bool
 }
 
 // errClosed is the error of a call after Close.
@@ -68,15 +83,24 @@ func New(cfg Config) (*Transport, error) {
 	if cfg.LocalRank < 0 || cfg.LocalRank >= cfg.LocalSize {
 		return nil, fmt.Errorf("shm: local rank %d of %d", cfg.LocalRank, cfg.LocalSize)
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(cfg.Registerer, cfg.Rank)
+	if err != nil {
+		return nil, err
+	}
 	// The node's ranks pull large messages out of this process's memory.
 	unix.AllowPeerReads()
 	path := filepath.Join(cfg.Dir, fmt.Sprintf("shm-%s-%d", cfg.JobID, cfg.Rank))
 	in, err := CreateInbox(path, cfg.LocalSize, cfg.RingData)
 	if err != nil {
+		m.unregister()
 		return nil, err
 	}
 	t := &Transport{cfg: cfg, inbox: in, path: path, out: map[int]*Outbox{}, pid: map[int]int{},
-		senders: make([]int, cfg.LocalSize)}
+		senders: make([]int, cfg.LocalSize), broken: map[int]error{},
+		maxEager: cfg.RingData/4 - frameHdr, log: cfg.Logger, m: m}
 	for i := range t.senders {
 		t.senders[i] = -1
 	}
@@ -105,7 +129,8 @@ func parseRecord(b []byte) (pid int, path string, err error) {
 
 // Connect maps the inbox of every rank of this node, this one's included.
 // The peers' inboxes must exist: they made them before publishing their
-// records.
+// records. Each inbox's header gives the size of its rings, which its
+// owner chose: MaxEager is the smallest one's from now on.
 func (t *Transport) Connect(ctx context.Context, peers []transport.Peer) error {
 	me := peers[t.cfg.Rank]
 	for _, p := range peers {
@@ -131,6 +156,7 @@ func (t *Transport) Connect(ctx context.Context, peers []transport.Peer) error {
 			return fmt.Errorf("shm: rank %d: inbox %s belongs to pid %d, not %d", p.Rank, path, o.Owner(), pid)
 		}
 		t.out[p.Rank], t.pid[p.Rank], t.senders[p.LocalRank] = o, pid, p.Rank
+		t.maxEager = min(t.maxEager, o.Ring().MaxFrame())
 	}
 	return nil
 }
@@ -138,8 +164,10 @@ func (t *Transport) Connect(ctx context.Context, peers []transport.Peer) error {
 // Reaches reports whether rank is on this node (this rank included).
 func (t *Transport) Reaches(rank int) bool { _, ok := t.out[rank]; return ok }
 
-// MaxEager is the largest frame a ring takes.
-func (t *Transport) MaxEager() int { return t.cfg.RingData/4 - frameHdr }
+// MaxEager is the largest frame every ring this rank sends into takes: the
+// smallest over the inboxes of the peers connected so far, whose owners
+// may have chosen rings of other sizes (before Connect, this rank's own).
+func (t *Transport) MaxEager() int { return t.maxEager }
 
 // TrySend writes a frame into rank's inbox and wakes it if it sleeps.
 func (t *Transport) TrySend(rank int, parts ...[]byte) (bool, error) {
@@ -149,6 +177,9 @@ func (t *Transport) TrySend(rank int, parts ...[]byte) (bool, error) {
 	o := t.out[rank]
 	if o == nil {
 		return false, fmt.Errorf("%w: rank %d", transport.ErrUnreachable, rank)
+	}
+	if err := t.failed(rank); err != nil {
+		return false, err
 	}
 	return o.Write(parts...)
 }
@@ -182,6 +213,9 @@ func (t *Transport) Read(rank int, dst []byte, src transport.Remote, cookie uint
 	if !ok {
 		return fmt.Errorf("%w: rank %d", transport.ErrUnreachable, rank)
 	}
+	if err := t.failed(rank); err != nil {
+		return err
+	}
 	if len(src) != remoteLen || int(binary.LittleEndian.Uint32(src)) != pid ||
 		uint64(len(dst)) > binary.LittleEndian.Uint64(src[12:]) {
 		return fmt.Errorf("%w: %d bytes from rank %d", transport.ErrBadRemote, len(dst), rank)
@@ -201,7 +235,9 @@ func (t *Transport) Read(rank int, dst []byte, src transport.Remote, cookie uint
 const progressBatch = 32
 
 // Progress delivers the frames waiting in the inbox, each ring in turn,
-// and the completed Reads. A corrupt ring is an error naming its sender.
+// and the completed Reads. A corrupt ring fails its sender alone (fail):
+// Progress reads it no more and goes on with the others, and returns an
+// error only after Close.
 func (t *Transport) Progress(h transport.Handler) (int, error) {
 	if t.closed {
 		return 0, errClosed
@@ -220,7 +256,7 @@ func (t *Transport) Progress(h transport.Handler) (int, error) {
 		t.done = done[:0]
 	}
 	for i, rank := range t.senders {
-		if rank < 0 {
+		if rank < 0 || t.failed(rank) != nil {
 			continue
 		}
 		c := t.inbox.Ring(i)
@@ -228,7 +264,8 @@ func (t *Transport) Progress(h transport.Handler) (int, error) {
 		for range progressBatch {
 			f, err := c.Next()
 			if err != nil {
-				return n, fmt.Errorf("ring of rank %d: %w", rank, err)
+				t.fail(rank, err)
+				break
 			}
 			if f == nil {
 				break
@@ -249,6 +286,27 @@ func (t *Transport) Progress(h transport.Handler) (int, error) {
 	return n, nil
 }
 
+// failed is why rank failed (fail), or nil. A send costs no map lookup
+// while every peer is well.
+func (t *Transport) failed(rank int) error {
+	if len(t.broken) == 0 {
+		return nil
+	}
+	return t.broken[rank]
+}
+
+// fail marks rank failed because its ring into the inbox is corrupt (err
+// wraps ErrCorrupt): it is logged and counted once, its ring is read no
+// more (its Consumer stays stopped, and no longer Pending), and every later
+// TrySend and Read toward it returns the error, which wraps ErrCorrupt.
+// The other ranks' traffic goes on.
+func (t *Transport) fail(rank int, err error) {
+	err = fmt.Errorf("shm: rank %d: its ring into this rank's inbox: %w", rank, err)
+	t.broken[rank] = err
+	t.m.peerErrors.Inc()
+	t.log.Error("peer failed", "peer", rank, "err", err)
+}
+
 // Close unmaps the peers' inboxes and removes this rank's.
 func (t *Transport) Close() error {
 	if t.closed {
@@ -261,5 +319,6 @@ func (t *Transport) Close() error {
 	}
 	t.out = nil
 	errs = append(errs, t.inbox.Close())
+	t.m.unregister()
 	return errors.Join(errs...)
 }

@@ -152,15 +152,19 @@ func TestTransportRead(t *testing.T) {
 	}
 }
 
-// TestTransportCorruptRing: a sender that scribbles over its ring makes the
-// receiver's Progress fail naming it, without a crash.
+// TestTransportCorruptRing: a sender that scribbles over its ring fails
+// at the receiver, without a crash: Progress goes on, and sends to it
+// fail naming it (TestCorruptRingFailsOnlyItsPeer has the rest).
 func TestTransportCorruptRing(t *testing.T) {
 	ts := node(t, 2)
 	o := ts[1].out[0]
 	o.ring.tail.Store(1 << 40)
 	c := &collector{frames: map[int][][]byte{}, reads: map[uint64]error{}}
-	if _, err := ts[0].Progress(c); !errors.Is(err, ErrCorrupt) {
+	if _, err := ts[0].Progress(c); err != nil {
 		t.Fatalf("progress over a corrupt ring: %v", err)
+	}
+	if _, err := ts[0].TrySend(1, []byte("x")); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("send to the rank whose ring is corrupt: %v", err)
 	}
 }
 
