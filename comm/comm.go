@@ -156,7 +156,7 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 		}
 	}
 	sh, err := shm.New(shm.Config{Dir: cfg.Dir, JobID: jobID, Rank: env.Rank, LocalRank: env.LocalRank, LocalSize: env.LocalSize,
-		NoPull: cfg.NoPull || os.Getenv("XRC_SHM_NOPULL") == "1"})
+		NoPull: cfg.NoPull || os.Getenv("XRC_SHM_NOPULL") == "1", Logger: cfg.Logger, Registerer: cfg.Registerer})
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +211,6 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 		arrived: make(chan struct{}), sends: map[uint64]*Request{}, pulls: map[uint64]*Request{}, pushes: map[pushKey]*pushIn{},
 		backlog: map[int][]queued{}, token: make(chan struct{}, 1), spin: cfg.Spin, yield: cfg.Yield,
 		work: make(chan *job), finished: make(chan struct{}), handOffDelay: handOffDelay,
-		eagerMax: min(cfg.EagerLimit, sh.MaxEager()-hdrLen),
 	}
 	for i, m := range members {
 		parts, err := splitRecords(recs[i], len(own))
@@ -226,6 +225,8 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 	if err := sh.Connect(ctx, peers); err != nil {
 		return fail(err)
 	}
+	// The smallest of the node's rings, known once they are connected.
+	e.eagerMax = min(cfg.EagerLimit, sh.MaxEager()-hdrLen)
 	if rct != nil {
 		if err := rct.Connect(ctx, rcPeers); err != nil {
 			return fail(err)
