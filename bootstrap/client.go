@@ -88,7 +88,10 @@ func Join(ctx context.Context, addr string, key []byte, me Member, size int, cfg
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("bootstrap: join %s: %w", addr, err)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("bootstrap: join %s: %w", addr, context.Cause(ctx))
+		}
+		return nil, fmt.Errorf("bootstrap: join %s: %w: %w", addr, ErrLost, err)
 	}
 	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
 	c.nc, c.fc = nc, newFrameConn(nc, c.m.bytesIn, c.m.bytesOut)

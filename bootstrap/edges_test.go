@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"context"
 	"errors"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -200,5 +201,20 @@ func TestErrAfterBadReply(t *testing.T) {
 	<-c.Done()
 	if err := c.Err(); !errors.Is(err, ErrLost) || !errors.Is(err, ErrProtocol) {
 		t.Fatalf("Err() = %v, want ErrLost and ErrProtocol", err)
+	}
+}
+
+// TestJoinNoServer: a Join that cannot reach the server fails with ErrLost,
+// as one whose server goes away does, so that callers match one error.
+func TestJoinNoServer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	_, err = Join(testCtx(t), addr, testKey, Member{Rank: 0}, 2, ClientConfig{})
+	if !errors.Is(err, ErrLost) {
+		t.Fatalf("join with no server: %v, want ErrLost", err)
 	}
 }

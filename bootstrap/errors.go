@@ -21,7 +21,7 @@ var (
 	// ErrClosed: the client or server was closed.
 	ErrClosed = errors.New("bootstrap: closed")
 	// ErrLost: the connection to the server broke (the server closed or
-	// died, or a send failed midway).
+	// died, or a send failed midway), or Join could not connect to it.
 	ErrLost = errors.New("bootstrap: lost the connection to the server")
 	// ErrRejected: the server refused the registration (a rank out of
 	// range, a rank already registered, a different job size).
