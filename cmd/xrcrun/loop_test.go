@@ -145,6 +145,9 @@ func runFakeAgent(t *testing.T, j *job, control string, node, lines int) {
 		for {
 			m, err := a.conn.recv()
 			if err != nil || m.T == msgBye {
+				for _, f := range ranks { // the launcher is gone, or should be
+					f.stop.Store(true)
+				}
 				return
 			}
 			if m.T == msgTerm {
@@ -244,7 +247,6 @@ func TestInterruptWhileOutputHeld(t *testing.T) {
 	defer stdout.release()
 	j, control := loopJob(t, 2, 2, stdout)
 	var agents sync.WaitGroup
-	defer agents.Wait()
 	for k := range 2 {
 		agents.Go(func() { runFakeAgent(t, j, control, k, -1) })
 	}
@@ -259,6 +261,7 @@ func TestInterruptWhileOutputHeld(t *testing.T) {
 	cancel(signalCause{os.Interrupt})
 	wait(time.Minute)
 	j.out.close(ctx, j.cfg.grace)
+	agents.Wait()
 	if _, ok := j.cause.(signalCause); !ok || len(j.failures) > 0 {
 		t.Errorf("cause %v, failures %v", j.cause, failureReport(j.failures))
 	}
