@@ -136,6 +136,7 @@ func (a *agent) run(ctx context.Context) error {
 			if !ok {
 				a.log.Warn("launcher gone; killing the ranks")
 				a.killAll(false)
+				a.conn.close() // a send still waiting ends now
 				return a.finish()
 			}
 			switch m.T {
@@ -163,7 +164,7 @@ func (a *agent) dial(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("agent: connect to the launcher: %w", err)
 	}
-	a.conn = newCtrlConn(c)
+	a.conn = newAgentConn(c)
 	c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	m, err := a.conn.recv()
 	c.SetReadDeadline(time.Time{})

@@ -60,18 +60,38 @@ type message struct {
 // maxLine bounds a control message (output comes in chunks of outChunk).
 const maxLine = 1 << 20
 
+// ctrlWriteTimeout is how long the launcher waits to send a command to an
+// agent that does not read it: an agent reads its commands at once, so one
+// that stopped reading is gone. A variable for tests.
+var ctrlWriteTimeout = time.Minute
+
 // ctrlConn is one end of a control connection; send is safe for
 // concurrent use, recv is for one reader.
 type ctrlConn struct {
-	c  net.Conn
-	mu sync.Mutex // serializes send
-	sc *bufio.Scanner
+	c       net.Conn
+	mu      sync.Mutex // serializes send
+	sc      *bufio.Scanner
+	timeout time.Duration // bounds a send; 0: none
 }
 
+// newCtrlConn is the launcher's end of a control connection: a send waits
+// at most ctrlWriteTimeout.
 func newCtrlConn(c net.Conn) *ctrlConn {
 	sc := bufio.NewScanner(c)
 	sc.Buffer(make([]byte, 64<<10), maxLine)
-	return &ctrlConn{c: c, sc: sc}
+	return &ctrlConn{c: c, sc: sc, timeout: ctrlWriteTimeout}
+}
+
+// newAgentConn is an agent's end. Its sends wait as long as they must:
+// the launcher stops reading while its stdout is not read (a paused pager),
+// and TCP's flow control then holds back the agent, and the ranks with it,
+// for as long as that lasts. A launcher that exited closed the connection,
+// which ends a send at once; one whose host is gone, TCP's retransmission
+// timeout.
+func newAgentConn(c net.Conn) *ctrlConn {
+	cc := newCtrlConn(c)
+	cc.timeout = 0
+	return cc
 }
 
 func (c *ctrlConn) send(m message) error {
@@ -81,7 +101,9 @@ func (c *ctrlConn) send(m message) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.c.SetWriteDeadline(time.Now().Add(time.Minute)) // a peer that stopped reading is gone
+	if c.timeout > 0 {
+		c.c.SetWriteDeadline(time.Now().Add(c.timeout))
+	}
 	_, err = c.c.Write(append(b, '\n'))
 	return err
 }

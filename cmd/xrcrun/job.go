@@ -36,8 +36,7 @@ type job struct {
 	served chan error  // what rdv.Serve returned
 	conns  []*ctrlConn // by node, once connected
 	procs  []*launched
-	out    *output
-	status *statusLine
+	out    *output // the ranks' output, and the status line
 
 	ready, started, done int
 	rankDone             []bool
@@ -116,8 +115,7 @@ func (j *job) run(ctx context.Context) error {
 	defer close(j.quit)
 	j.conns = make([]*ctrlConn, len(j.place.Nodes))
 	j.rankDone = make([]bool, len(j.place.Node))
-	j.status = newStatusLine(j.stderr)
-	j.out = newOutput(j.stdout, j.stderr, j.cfg.tag, j.status.clear)
+	j.out = newOutput(j.stdout, j.stderr, j.cfg.tag, newStatusLine(j.stderr))
 	go j.accept(ln)
 	defer func() {
 		for _, c := range j.conns {
@@ -129,10 +127,14 @@ func (j *job) run(ctx context.Context) error {
 	j.log.Debug("job", "ranks", len(j.place.Node), "nodes", len(j.place.Nodes), "control", ln.Addr(), "bootstrap", j.rdv.Addr())
 	if err := j.startAgents(ctx, spec); err != nil {
 		j.killProcs()
+		j.out.close(ctx, 0)
 		return err
 	}
 	j.loop(ctx)
-	j.status.stop()
+	j.out.stopStatus()
+	// The ranks' output is written before the launcher reports and exits;
+	// if the user asks to stop meanwhile, for at most the grace period.
+	j.out.close(ctx, j.cfg.grace)
 	j.blameCulprit()
 	if err := failureReport(j.failures); err != nil {
 		return err
@@ -252,6 +254,7 @@ func (j *job) post(ev event) bool {
 // read relays node's messages to the loop.
 func (j *job) read(node int, c *ctrlConn) {
 	for {
+		j.out.room(j.quit) // while output waits to be written, TCP holds the agent back
 		m, err := c.recv()
 		if err != nil {
 			j.post(event{kind: evGone, node: node, err: err})

@@ -32,12 +32,24 @@ func (j *job) loop(ctx context.Context) {
 		case <-j.killC:
 			// The grace period is over: SIGKILL what is left.
 			j.killC = nil
+			if j.cause != nil && j.out.full() {
+				// The user asked the job to stop, and nobody reads its
+				// output: drop it, so that the agents' reports come.
+				j.log.Debug("output not read; dropping it")
+				j.out.drop()
+			}
 			j.log.Debug("grace period over; killing the ranks")
 			j.rdv.Abort("the job is ending")
 			j.broadcast(message{T: msgKill})
 			j.hardC = time.After(5 * time.Second)
 		case <-j.hardC:
-			// Agents that do not answer are killed with their ranks.
+			// Agents that do not answer are killed with their ranks; but
+			// not while they cannot, because the launcher does not read
+			// them until its output is written.
+			if j.out.full() {
+				j.hardC = time.After(5 * time.Second)
+				continue
+			}
 			j.hardC = nil
 			j.log.Warn("node agents do not answer; killing them")
 			j.killProcs()
@@ -52,7 +64,7 @@ func (j *job) loop(ctx context.Context) {
 			j.log.Warn("node agents have not exited; killing them")
 			j.killProcs()
 		case <-tick.C:
-			j.status.update(j.id, j.ready, len(j.place.Nodes), j.started, j.rdv.Joined(), len(j.place.Node))
+			j.out.updateStatus(j.id, j.ready, len(j.place.Nodes), j.started, j.rdv.Joined(), len(j.place.Node))
 		}
 	}
 }
@@ -65,7 +77,7 @@ func (j *job) finished() bool {
 	}
 	if !j.byeSent {
 		j.byeSent = true
-		j.status.stop()
+		j.out.stopStatus()
 		j.broadcast(message{T: msgBye})
 		j.killC, j.hardC = nil, nil
 		j.drainC = time.After(15 * time.Second)
@@ -185,7 +197,7 @@ func (j *job) end(cause error) {
 		return
 	}
 	j.ending, j.cause = true, cause
-	j.status.stop()
+	j.out.stopStatus()
 	j.log.Debug("ending the job", "cause", cause)
 	j.broadcast(message{T: msgTerm})
 	j.killC = time.After(j.cfg.grace + 2*time.Second)

@@ -131,12 +131,13 @@ func (a *agent) startRank(r, local, size int, dev *nodeDevice) {
 	a.log.Debug("rank started", "rank", r, "pid", cmd.Process.Pid)
 
 	var relay sync.WaitGroup
+	var sending atomic.Int32 // relays waiting for the launcher to take output
 	for i, pr := range pipes {
 		relay.Add(1)
 		go func() {
 			defer relay.Done()
 			defer pr.Close()
-			a.relay(r, i+1, pr)
+			a.relay(r, i+1, pr, &sending)
 		}()
 	}
 	go func() {
@@ -148,11 +149,27 @@ func (a *agent) startRank(r, local, size int, dev *nodeDevice) {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		relayed := make(chan struct{})
 		go func() { relay.Wait(); close(relayed) }()
-		select {
-		case <-relayed:
-		case <-time.After(5 * time.Second): // a descendant outside the group holds the pipes
-			closeAll(pipes[:])
+		// A descendant outside the group may hold the pipes: they are
+		// closed after 5 s of reading them, not counting the time the
+		// launcher keeps the relays waiting (its stdout is not read), which
+		// would cut off what the rank wrote.
+		const step = 100 * time.Millisecond
+		tick := time.NewTicker(step)
+		for read := time.Duration(0); ; {
+			select {
+			case <-relayed:
+			case <-tick.C:
+				if sending.Load() == 0 {
+					read += step
+				}
+				if read < 5*time.Second {
+					continue
+				}
+				closeAll(pipes[:])
+			}
+			break
 		}
+		tick.Stop()
 		m := message{T: msgExit, Rank: r, Time: at, Terminated: p.signaled.Load()}
 		var ee *exec.ExitError
 		switch {
@@ -177,13 +194,16 @@ func (a *agent) startRank(r, local, size int, dev *nodeDevice) {
 }
 
 // relay sends what a rank writes to stream (1 stdout, 2 stderr) to the
-// launcher.
-func (a *agent) relay(r, stream int, pr io.Reader) {
+// launcher; sending counts the relays in a send.
+func (a *agent) relay(r, stream int, pr io.Reader, sending *atomic.Int32) {
 	buf := make([]byte, outChunk)
 	for {
 		n, err := pr.Read(buf)
 		if n > 0 {
-			if err := a.conn.send(message{T: msgOut, Rank: r, Stream: stream, Data: buf[:n]}); err != nil {
+			sending.Add(1)
+			serr := a.conn.send(message{T: msgOut, Rank: r, Stream: stream, Data: buf[:n]})
+			sending.Add(-1)
+			if serr != nil {
 				return
 			}
 		}
