@@ -40,6 +40,7 @@ type job struct {
 
 	ready, started, done int
 	rankDone             []bool
+	quitAt               []int64 // when a rank exited with status 0 (Unix ns), or 0
 	failures             []rankFailure
 	cause                error // why the job ends early: a signalCause or a timeout; nil for a rank failure
 	ending, byeSent      bool
@@ -115,6 +116,7 @@ func (j *job) run(ctx context.Context) error {
 	defer close(j.quit)
 	j.conns = make([]*ctrlConn, len(j.place.Nodes))
 	j.rankDone = make([]bool, len(j.place.Node))
+	j.quitAt = make([]int64, len(j.place.Node))
 	j.out = newOutput(j.stdout, j.stderr, j.cfg.tag, newStatusLine(j.stderr))
 	go j.accept(ln)
 	defer func() {
@@ -274,10 +276,12 @@ func (j *job) hostOf(k int) string {
 // blameCulprit puts first the failed rank that the bootstrap server saw
 // abort the job or get lost, when several failed: the others may have
 // failed because of it (a rank in a collective fails when the job is
-// aborted), and their exits may have been seen first. The server's word
-// comes once every rank has gone.
+// aborted), and their exits may have been seen first. A rank the server
+// lost that exited with status 0 (it never closed its client: no
+// Finalize) is not among the failures: it is added, first. The server's
+// word comes once every rank has gone.
 func (j *job) blameCulprit() {
-	if len(j.failures) < 2 {
+	if len(j.failures) == 0 {
 		return
 	}
 	var served error
@@ -297,6 +301,12 @@ func (j *job) blameCulprit() {
 	for i := range j.failures {
 		if j.failures[i].Rank == r {
 			j.failures[i].Time = first - 1
+			return
 		}
+	}
+	if r < len(j.quitAt) && j.quitAt[r] != 0 {
+		node := j.place.Node[r]
+		j.failures = append(j.failures, rankFailure{Rank: r, Node: node, Host: j.hostOf(node), Time: first - 1,
+			Detail: "it exited without leaving the job (no Finalize or Client.Close), which ended the others"})
 	}
 }

@@ -329,6 +329,16 @@ func TestLaunchExitStatus(t *testing.T) {
 	if want := regexp.MustCompile(`(?m)^xrcrun: \d ranks? failed:\n\t\* rank 5 \(node 1\): exit status 3$`); !want.MatchString(j.stderr.String()) {
 		t.Errorf("stderr does not match %s:\n%s", want, j.stderr.String())
 	}
+
+	// A rank that exits with status 0 without leaving the rendezvous (no
+	// Finalize) ends the others' barrier: it is named first, as the cause.
+	j = startJob(t, ".", nil, "-n", "8", "--nodes", "2", rank, "-join", "-exit-rank", "5", "-code", "0")
+	if st := j.wait(2 * time.Minute); st != 1 {
+		t.Errorf("exit status %d, want 1\n%s", st, j.stderr.String())
+	}
+	if want := regexp.MustCompile(`(?m)^xrcrun: \d ranks failed:\n\t\* rank 5 \(node 1\): exit status 0: it exited without leaving the job`); !want.MatchString(j.stderr.String()) {
+		t.Errorf("stderr does not match %s:\n%s", want, j.stderr.String())
+	}
 }
 
 var helloLine = regexp.MustCompile(`^rank (\d+) of (\d+) on node (\d+) \(local rank (\d+)\)$`)

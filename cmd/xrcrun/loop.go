@@ -146,6 +146,9 @@ func (j *job) message(node int, m message) {
 		if !j.validRank(node, m.Rank) || j.rankDone[m.Rank] {
 			return
 		}
+		if m.Code == 0 && m.Signal == 0 {
+			j.quitAt[m.Rank] = max(m.Time, 1)
+		}
 		if (m.Code != 0 || m.Signal != 0) && !m.Terminated {
 			j.failures = append(j.failures, rankFailure{Rank: m.Rank, Node: node, Host: j.hostOf(node),
 				Code: m.Code, Signal: m.Signal, Detail: m.Err, Time: m.Time})
