@@ -47,6 +47,9 @@ func (j *job) loop(ctx context.Context) {
 					j.rankEnded(r)
 				}
 			}
+		case <-j.lateC:
+			j.lateC = nil
+			j.agentsLate()
 		case <-j.drainC:
 			j.drainC = nil
 			j.log.Warn("node agents have not exited; killing them")
@@ -87,6 +90,7 @@ func (j *job) handle(ev event) {
 			return
 		}
 		j.conns[ev.node] = ev.conn
+		j.agentConnected(ev.node)
 		go j.read(ev.node, ev.conn)
 		j.log.Debug("agent connected", "node", ev.node)
 		switch {
@@ -97,6 +101,8 @@ func (j *job) handle(ev event) {
 		}
 	case evMessage:
 		j.message(ev.node, ev.msg)
+	case evSignal:
+		j.broadcast(message{T: msgSignal, Signal: int(ev.sig)})
 	case evGone:
 		j.nodeLost(ev.node, "its node agent went away")
 	case evExited:
@@ -113,6 +119,7 @@ func (j *job) handle(ev event) {
 				if ev.err != nil {
 					detail += " (" + ev.proc.what + ": " + ev.err.Error() + ")"
 				}
+				detail += ev.proc.out.said()
 				j.nodeLost(k, detail)
 			}
 		}

@@ -40,7 +40,23 @@ func main() {
 			}
 		}
 	}()
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	// SIGUSR1 and SIGUSR2 are forwarded to the ranks, as mpirun does.
+	fwd := make(chan os.Signal, 4)
+	signal.Notify(fwd, syscall.SIGUSR1, syscall.SIGUSR2)
+	ctx = withForward(ctx, fwd)
+	// A closed stdout or stderr (xrcrun ... | head -1) ends the job as
+	// SIGINT does, with its cleanup: SIGPIPE, unhandled, killed the
+	// launcher. Handled, it comes for writes to any broken pipe or socket
+	// (a control connection whose agent died, too): what ends the job is
+	// a write to stdout or stderr failing with EPIPE.
+	pipe := make(chan os.Signal, 1)
+	signal.Notify(pipe, syscall.SIGPIPE)
+	go func() {
+		for range pipe {
+		}
+	}()
+	broken := func() { cancel(signalCause{syscall.SIGPIPE}) }
+	err := run(ctx, os.Args[1:], &pipeWriter{w: os.Stdout, broken: broken}, &pipeWriter{w: os.Stderr, broken: broken})
 	if err == nil {
 		return
 	}
@@ -89,3 +105,21 @@ commands:
 	fmt.Fprintln(w, "launcher flags:")
 	fs.PrintDefaults()
 }
+
+// pipeWriter calls broken when a write to w fails because its reader has
+// gone (EPIPE).
+type pipeWriter struct {
+	w      *os.File
+	broken func()
+}
+
+func (p *pipeWriter) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	if errors.Is(err, syscall.EPIPE) {
+		p.broken()
+	}
+	return n, err
+}
+
+// Fd lets the status line see whether w is a terminal.
+func (p *pipeWriter) Fd() uintptr { return p.w.Fd() }
