@@ -131,12 +131,14 @@ func parseLaunch(args []string, stderr io.Writer) (*launchConfig, error) {
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
 			usage()
 			return nil, err
 		}
 		return nil, fmt.Errorf("%w (xrcrun -h lists the flags)", err)
 	}
 	fs.Usage = usage
+	fs.SetOutput(stderr)
 	switch m := fs.Lookup("map-by").Value.String(); m {
 	case "slot", "core":
 	case "node":
