@@ -68,7 +68,7 @@ func TestLaunchBrokenPipe(t *testing.T) {
 }
 
 // TestLaunchForwardSignals: SIGUSR1 and SIGUSR2 sent to xrcrun reach every
-// rank, and the job goes on. They killed the launcher.
+// rank, and the job goes on. xrcrun ignored them.
 func TestLaunchForwardSignals(t *testing.T) {
 	t.Parallel()
 	_, rank := tools(t)
