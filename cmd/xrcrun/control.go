@@ -19,8 +19,8 @@ import (
 // JSON messages one per line. The launcher opens with a challenge; the
 // agent answers with its node and an HMAC of the challenge under the job's
 // key. Then the agent reports (ready, started, out, exit, fail) and the
-// launcher commands (term, kill, signal, bye). When the connection closes, the
-// agent kills its ranks and exits: no rank outlives its launcher.
+// launcher commands (term, kill, signal, bye). When the connection closes,
+// the agent kills its ranks and exits: no rank outlives its launcher.
 
 // Message types.
 const (
