@@ -69,15 +69,23 @@ func (j *job) startAgents(ctx context.Context, spec agentSpec) error {
 
 // launch starts cmd, which runs the agents of nodes: in a process group of
 // its own (so that a Ctrl-C at the terminal reaches only the launcher, which
-// ends the job in order), its output on the launcher's stderr once one of
-// its agents has connected (held back until then, for the failure report),
-// and spec, if any, on its stdin. If the launcher dies, cmd gets SIGTERM:
+// ends the job in order), its output on the launcher's stderr (that of ssh
+// and srun held back until one of its agents has connected, for the
+// failure report), and spec, if any, on its stdin. If the launcher dies, cmd gets SIGTERM:
 // an agent then kills its ranks' process groups (SIGKILL would leave what
 // the ranks started), ssh and srun end their remote side.
 func (j *job) launch(cmd *exec.Cmd, what string, nodes []int, spec *agentSpec) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	out := &procLog{w: j.stderr, hold: true}
 	cmd.Stdout, cmd.Stderr = out, out
+	if j.mode == modeLocal {
+		// An agent here writes to the launcher's stderr itself, not
+		// through a pipe to the launcher: one whose launcher was killed
+		// would die of SIGPIPE on its next log line, before it killed
+		// its ranks' process groups.
+		out.hold = false
+		cmd.Stdout, cmd.Stderr = underlying(j.stderr), underlying(j.stderr)
+	}
 	// Something cmd started in the background (an ssh control master) may
 	// keep its output open: Wait does not wait for that.
 	cmd.WaitDelay = 5 * time.Second
