@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -144,6 +145,8 @@ func (a *agent) run(ctx context.Context) error {
 				a.terminate()
 			case msgKill:
 				a.killAll(true)
+			case msgSignal:
+				a.forward(syscall.Signal(m.Signal))
 			case msgBye:
 				return a.finish()
 			default:

@@ -19,8 +19,8 @@ import (
 // JSON messages one per line. The launcher opens with a challenge; the
 // agent answers with its node and an HMAC of the challenge under the job's
 // key. Then the agent reports (ready, started, out, exit, fail) and the
-// launcher commands (term, kill, bye). When the connection closes, the
-// agent kills its ranks and exits: no rank outlives its launcher.
+// launcher commands (term, kill, signal, bye). When the connection closes,
+// the agent kills its ranks and exits: no rank outlives its launcher.
 
 // Message types.
 const (
@@ -33,6 +33,7 @@ const (
 	msgFail      = "fail"      // agent: it cannot go on: Err
 	msgTerm      = "term"      // launcher: SIGTERM the ranks, SIGKILL after the grace period
 	msgKill      = "kill"      // launcher: SIGKILL the ranks now
+	msgSignal    = "signal"    // launcher: send Signal (SIGUSR1, SIGUSR2) to the ranks
 	msgBye       = "bye"       // launcher: the job is over; stop the device and exit
 )
 

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/xrcrun/xrc/bootstrap"
@@ -46,6 +47,7 @@ type job struct {
 	ending, byeSent      bool
 	killC, hardC         <-chan time.Time
 	drainC               <-chan time.Time
+	lateC                <-chan time.Time // --agent-timeout: agents not connected by then are lost
 }
 
 // launched is a process the launcher started to run agents: an agent, the
@@ -55,6 +57,7 @@ type launched struct {
 	nodes  []int
 	pid    int
 	exited bool
+	out    *procLog // its output
 }
 
 type eventKind int
@@ -65,6 +68,7 @@ const (
 	evGone                       // node's connection ended: err
 	evExited                     // proc exited: err
 	evUnseen                     // proc exited a while ago: err; its nodes that never connected are lost
+	evSignal                     // the launcher got sig, to forward to the ranks
 )
 
 type event struct {
@@ -74,6 +78,7 @@ type event struct {
 	msg  message
 	err  error
 	proc *launched
+	sig  syscall.Signal
 }
 
 // errTimeout ends a job that ran past --timeout.
@@ -127,10 +132,14 @@ func (j *job) run(ctx context.Context) error {
 		}
 	}()
 	j.log.Debug("job", "ranks", len(j.place.Node), "nodes", len(j.place.Nodes), "control", ln.Addr(), "bootstrap", j.rdv.Addr())
+	j.forwardSignals(ctx)
 	if err := j.startAgents(ctx, spec); err != nil {
 		j.killProcs()
 		j.out.close(ctx, 0)
 		return err
+	}
+	if j.cfg.agentWait > 0 {
+		j.lateC = time.After(j.cfg.agentWait)
 	}
 	j.loop(ctx)
 	j.out.stopStatus()

@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,6 +43,7 @@ type launchConfig struct {
 	baseAddr  string
 	addr      string
 	grace     time.Duration
+	agentWait time.Duration // how long node agents have to connect
 	verbose   bool
 	noSlurm   bool
 	jobID     string
@@ -88,12 +91,15 @@ func launchFlags(stderr io.Writer) (*flag.FlagSet, *launchConfig) {
 	fs.StringVar(&c.ssh, "ssh", os.Getenv(envSSH), "the ssh `command` for --hostfile and -H, split at spaces (default: $"+envSSH+", else ssh)")
 	fs.Var(&c.env, "x", "pass `VAR` (from this environment) or VAR=value to every rank; repeatable")
 	fs.BoolVar(&c.tag, "tag-output", false, "prefix every line of output with [rank]")
-	fs.DurationVar(&c.timeout, "timeout", 0, "end the job after `duration` (exit status 124); 0: no limit")
+	fs.Var(seconds{&c.timeout}, "timeout", "end the job after `duration` (10s, 5m, 1h30m; a plain number is seconds, as mpirun's), exit status 124; 0: no limit")
 	fs.StringVar(&c.transport, "transport", "auto", "the ranks' transport: rc, xrc or auto (XRC_TRANSPORT)")
 	fs.StringVar(&c.connect, "connect", "lazy", "when ranks connect: eager (all at start) or lazy (at the first message; XRC_CONNECT)")
 	fs.StringVar(&c.baseAddr, "base-addr", "", "with --nodes, node K's soft HCA listens on this `IPv4` address plus K (default: 127.0.1.1 plus K if free, else free loopback addresses)")
 	fs.StringVar(&c.addr, "addr", "", "the `address` agents and ranks reach the launcher at (default: 127.0.0.1 on one machine, else the address of the route to the first host)")
-	fs.DurationVar(&c.grace, "grace", 3*time.Second, "how long ranks have between SIGTERM and SIGKILL when the job ends early")
+	c.grace = 3 * time.Second
+	fs.Var(seconds{&c.grace}, "grace", "how long ranks have between SIGTERM and SIGKILL when the job ends early (a plain number is seconds)")
+	c.agentWait = time.Minute
+	fs.Var(seconds{&c.agentWait}, "agent-timeout", "fail the job if a node agent has not connected to the launcher this long after it was started (ssh or srun could not reach its host); 0: no limit")
 	fs.BoolVar(&c.verbose, "v", false, "log what the launcher and agents do")
 	fs.Float64Var(&c.faults.Loss, "loss", 0, "fault injection in the soft HCAs the job starts: probability that a sent packet is dropped")
 	fs.Float64Var(&c.faults.Duplicate, "dup", 0, "fault injection: probability that a sent packet is duplicated")
@@ -119,9 +125,20 @@ flags:
 // parseLaunch reads the launcher's command line.
 func parseLaunch(args []string, stderr io.Writer) (*launchConfig, error) {
 	fs, c := launchFlags(stderr)
+	// A bad flag is one line, not the whole usage; -h prints the usage.
+	usage := fs.Usage
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			usage()
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w (xrcrun -h lists the flags)", err)
 	}
+	fs.Usage = usage
+	fs.SetOutput(stderr)
 	switch m := fs.Lookup("map-by").Value.String(); m {
 	case "slot", "core":
 	case "node":
@@ -143,8 +160,8 @@ func parseLaunch(args []string, stderr io.Writer) (*launchConfig, error) {
 		return nil, errors.New("--nodes emulates nodes on this machine; it does not go with --hostfile or -H")
 	case c.hostfile != "" && c.hosts != "":
 		return nil, errors.New("give --hostfile or -H, not both")
-	case c.timeout < 0 || c.grace < 0:
-		return nil, errors.New("--timeout and --grace must not be negative")
+	case c.timeout < 0 || c.grace < 0 || c.agentWait < 0:
+		return nil, errors.New("--timeout, --grace and --agent-timeout must not be negative")
 	}
 	if !oneOf(c.transport, "rc", "xrc", "auto") {
 		return nil, fmt.Errorf("--transport %q: rc, xrc or auto", c.transport)
@@ -162,6 +179,33 @@ func parseLaunch(args []string, stderr io.Writer) (*launchConfig, error) {
 		}
 	}
 	return c, nil
+}
+
+// seconds is a duration flag that also takes a plain number of seconds
+// ("10", "2.5"), as mpirun's --timeout does.
+type seconds struct{ d *time.Duration }
+
+func (s seconds) String() string {
+	if s.d == nil {
+		return "0s"
+	}
+	return s.d.String()
+}
+
+func (s seconds) Set(v string) error {
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		if math.IsNaN(f) || f < 0 || f > math.MaxInt64/float64(time.Second) {
+			return fmt.Errorf("%s: not a number of seconds", v)
+		}
+		*s.d = time.Duration(f * float64(time.Second))
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return errors.New("not a duration: give seconds (10) or a number with a unit (10s, 5m, 1h30m)")
+	}
+	*s.d = d
+	return nil
 }
 
 func oneOf(s string, set ...string) bool {

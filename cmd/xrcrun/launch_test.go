@@ -518,10 +518,11 @@ func TestLaunchErrors(t *testing.T) {
 			t.Errorf("xrcrun %q: %v, output lacks %q:\n%s", c.args, err, c.want, out)
 		}
 	}
-	// A program that cannot be started fails its ranks with status 127.
+	// A program that is there but cannot be executed fails its ranks with
+	// status 126, as in a shell (127 is for one not found).
 	j := startJob(t, ".", nil, "-n", "2", "--nodes", "2", "--no-slurm", "/etc/passwd")
-	if st := j.wait(time.Minute); st != 127 {
-		t.Errorf("exit status %d, want 127\n%s", st, j.stderr.String())
+	if st := j.wait(time.Minute); st != 126 {
+		t.Errorf("exit status %d, want 126\n%s", st, j.stderr.String())
 	}
 }
 

@@ -59,6 +59,9 @@ func (j *job) loop(ctx context.Context) {
 					j.rankEnded(r)
 				}
 			}
+		case <-j.lateC:
+			j.lateC = nil
+			j.agentsLate()
 		case <-j.drainC:
 			j.drainC = nil
 			j.log.Warn("node agents have not exited; killing them")
@@ -99,6 +102,7 @@ func (j *job) handle(ev event) {
 			return
 		}
 		j.conns[ev.node] = ev.conn
+		j.agentConnected(ev.node)
 		go j.read(ev.node, ev.conn)
 		j.log.Debug("agent connected", "node", ev.node)
 		switch {
@@ -109,6 +113,8 @@ func (j *job) handle(ev event) {
 		}
 	case evMessage:
 		j.message(ev.node, ev.msg)
+	case evSignal:
+		j.broadcast(message{T: msgSignal, Signal: int(ev.sig)})
 	case evGone:
 		j.nodeLost(ev.node, "its node agent went away")
 	case evExited:
@@ -125,6 +131,7 @@ func (j *job) handle(ev event) {
 				if ev.err != nil {
 					detail += " (" + ev.proc.what + ": " + ev.err.Error() + ")"
 				}
+				detail += ev.proc.out.said()
 				j.nodeLost(k, detail)
 			}
 		}

@@ -40,7 +40,30 @@ func main() {
 			}
 		}
 	}()
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	var stdout, stderr io.Writer = os.Stdout, os.Stderr
+	if len(os.Args) < 2 || os.Args[1] != "agent" {
+		// SIGUSR1 and SIGUSR2 are forwarded to the ranks, as mpirun does.
+		fwd := make(chan os.Signal, 4)
+		signal.Notify(fwd, syscall.SIGUSR1, syscall.SIGUSR2)
+		ctx = withForward(ctx, fwd)
+		// A closed stdout or stderr (xrcrun ... | head -1) ends the job as
+		// SIGINT does, with its cleanup: SIGPIPE, unhandled, killed the
+		// launcher. Handled, it comes for writes to any broken pipe or
+		// socket (a control connection whose agent died, too): what ends
+		// the job is a write to stdout or stderr failing with EPIPE. An
+		// agent keeps the default: one whose launcher died (its stderr is
+		// a pipe to the launcher) dies on its next log line, and its ranks
+		// with it.
+		pipe := make(chan os.Signal, 1)
+		signal.Notify(pipe, syscall.SIGPIPE)
+		go func() {
+			for range pipe {
+			}
+		}()
+		broken := func() { cancel(signalCause{syscall.SIGPIPE}) }
+		stdout, stderr = &pipeWriter{w: os.Stdout, broken: broken}, &pipeWriter{w: os.Stderr, broken: broken}
+	}
+	err := run(ctx, os.Args[1:], stdout, stderr)
 	if err == nil {
 		return
 	}
@@ -88,4 +111,31 @@ commands:
 	fs, _ := launchFlags(w)
 	fmt.Fprintln(w, "launcher flags:")
 	fs.PrintDefaults()
+}
+
+// pipeWriter calls broken when a write to w fails because its reader has
+// gone (EPIPE).
+type pipeWriter struct {
+	w      *os.File
+	broken func()
+}
+
+func (p *pipeWriter) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	if errors.Is(err, syscall.EPIPE) {
+		p.broken()
+	}
+	return n, err
+}
+
+// Fd lets the status line see whether w is a terminal.
+func (p *pipeWriter) Fd() uintptr { return p.w.Fd() }
+
+// underlying is w's *os.File when w is a pipeWriter, for a child process
+// to write to directly.
+func underlying(w io.Writer) io.Writer {
+	if p, ok := w.(*pipeWriter); ok {
+		return p.w
+	}
+	return w
 }

@@ -213,11 +213,37 @@ func (a *agent) relay(r, stream int, pr io.Reader, sending *atomic.Int32) {
 	}
 }
 
-// reportStartFailure reports a rank that could not start as one that
-// exited with status 127, as a shell reports a command it cannot run.
+// reportStartFailure reports a rank that could not start as a shell
+// reports a command it cannot run: exit status 127 if the program is not
+// there, 126 if it is but cannot be executed (no permission, not an
+// executable).
 func (a *agent) reportStartFailure(r int, err error) {
 	a.log.Error("start rank", "rank", r, "err", err)
-	a.conn.send(message{T: msgExit, Rank: r, Code: 127, Err: "start: " + err.Error(), Time: time.Now().UnixNano()})
+	a.conn.send(message{T: msgExit, Rank: r, Code: startFailureCode(err), Err: "start: " + err.Error(), Time: time.Now().UnixNano()})
+}
+
+// startFailureCode is the exit status of a program that could not start
+// with err: 127 not found, 126 otherwise.
+func startFailureCode(err error) int {
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, exec.ErrNotFound) {
+		return 127
+	}
+	return 126
+}
+
+// forward sends sig, which the launcher got and forwards (SIGUSR1,
+// SIGUSR2), to every running rank's process group. A rank it kills failed,
+// as one killed by the user would.
+func (a *agent) forward(sig syscall.Signal) {
+	if sig != syscall.SIGUSR1 && sig != syscall.SIGUSR2 {
+		a.log.Warn("not a signal to forward", "signal", int(sig))
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, p := range a.ranks {
+		p.signal(sig, false)
+	}
 }
 
 func closeAll(fs []*os.File) {

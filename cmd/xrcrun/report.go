@@ -109,6 +109,8 @@ func (s signalCause) Error() string {
 		return "terminated (SIGTERM)"
 	case syscall.SIGHUP:
 		return "hung up (SIGHUP)"
+	case syscall.SIGPIPE:
+		return "output closed (SIGPIPE)"
 	}
 	return "stopped by signal " + s.sig.String()
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -85,10 +86,21 @@ func addHost(nodes []node, nd node) []node {
 // sshCommand is the command that runs agent on host: the ssh command (the
 // --ssh flag, else $XRC_SSH, else "ssh"; split at spaces), the host, and
 // the agent's command line quoted for the remote shell.
+//
+// An ssh command gets -o BatchMode=yes, unless its options set BatchMode
+// themselves: ssh runs in the background (a process group of its own, its
+// output held back until its agent connects), where it cannot ask for a
+// password or to accept a host key. Asking, it stopped for good on reading
+// the terminal (SIGTTIN); in batch mode it fails at once, and what it says
+// goes in the failure report. A command that is not ssh (a wrapper script)
+// is run as given.
 func sshCommand(ssh, host string, agent []string) []string {
 	cmd := strings.Fields(ssh)
 	if len(cmd) == 0 {
 		cmd = []string{"ssh"}
+	}
+	if filepath.Base(cmd[0]) == "ssh" && !strings.Contains(strings.ToLower(ssh), "batchmode") {
+		cmd = append(cmd, "-o", "BatchMode=yes")
 	}
 	quoted := make([]string, len(agent))
 	for i, a := range agent {

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -174,5 +176,89 @@ func TestLaunchSSH(t *testing.T) {
 	j.cmd.Process.Signal(syscall.SIGINT)
 	if st := j.wait(time.Minute); st != 130 {
 		t.Errorf("exit status %d, want 130\n%s", st, j.stderr.String())
+	}
+}
+
+// fakeSSH logs its arguments in $FAKE_SSH_LOG and then, by host: runs the
+// remote command here for $FAKE_SSH_OK; for $FAKE_SSH_ASK, writes its pid
+// to $FAKE_SSH_PID, asks for a password and stops, as ssh reading the
+// terminal from the background does (SIGTTIN); for any other host, fails
+// as ssh in batch mode does.
+const fakeSSH = `#!/bin/sh
+echo "$@" >> "$FAKE_SSH_LOG"
+while [ $# -gt 2 ]; do shift; done
+case "$1" in
+"$FAKE_SSH_OK") exec sh -c "$2" ;;
+"$FAKE_SSH_ASK")
+	echo $$ > "$FAKE_SSH_PID"
+	echo "$1's password: " >&2
+	kill -STOP $$
+	exec sleep 600 ;;
+esac
+echo "$1: Permission denied (publickey,password)." >&2
+exit 255
+`
+
+// TestLaunchSSHUnreachable: ssh runs in batch mode; an ssh that fails has
+// its message in the failure report; an agent that never connects (its ssh
+// waits for a password nobody gives) fails the job after --agent-timeout,
+// naming the host, and nothing of the job is left. It hung for good.
+func TestLaunchSSHUnreachable(t *testing.T) {
+	t.Parallel()
+	_, rank := tools(t)
+	dir := t.TempDir()
+	ssh := filepath.Join(dir, "ssh")
+	if err := os.WriteFile(ssh, []byte(fakeSSH), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	prefix := fmt.Sprintf("127.%d.%d.", 128+rand.IntN(128), rand.IntN(256))
+	good, bad := prefix+"1", prefix+"2"
+	log, pidFile := filepath.Join(dir, "ssh.log"), filepath.Join(dir, "ssh.pid")
+	env := []string{"FAKE_SSH_LOG=" + log, "FAKE_SSH_OK=" + good, "FAKE_SSH_ASK=" + bad, "FAKE_SSH_PID=" + pidFile}
+
+	// ssh fails on the second host.
+	j := startJob(t, ".", append(env, "FAKE_SSH_ASK=none"), "-H", good+","+bad, "--ssh", ssh, rank, "-hang")
+	if st := j.wait(time.Minute); st == 0 {
+		t.Errorf("exit status 0 with a host ssh cannot reach\n%s", j.stderr.String())
+	}
+	want := "* rank 1 (node 1, " + bad + "): lost: its node agent exited before it connected (ssh " + bad +
+		": exit status 255): " + bad + ": Permission denied (publickey,password)."
+	if !strings.Contains(j.stderr.String(), want) {
+		t.Errorf("stderr lacks %q:\n%s", want, j.stderr.String())
+	}
+	args, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(args), "-o BatchMode=yes "+prefix); n != 2 {
+		t.Errorf("ssh ran %d times with -o BatchMode=yes before the host, want 2:\n%s", n, args)
+	}
+
+	// ssh waits on the second host, stopped.
+	start := time.Now()
+	j = startJob(t, ".", env, "-H", good+","+bad, "--ssh", ssh, "--agent-timeout", "3s", "--grace", "1s", rank, "-hang")
+	st := j.wait(time.Minute)
+	if st == 0 {
+		t.Errorf("exit status 0 with an agent that never connected\n%s", j.stderr.String())
+	}
+	if d := time.Since(start); d < 3*time.Second {
+		t.Errorf("the job ended after %v, before --agent-timeout", d)
+	}
+	want = "* rank 1 (node 1, " + bad + "): lost: node agent on host " + bad + " did not connect within 3s (ssh " + bad +
+		"): " + bad + "'s password:"
+	if !strings.Contains(j.stderr.String(), want) {
+		t.Errorf("stderr lacks %q:\n%s", want, j.stderr.String())
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, 0); err != syscall.ESRCH {
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Errorf("the ssh that never started its agent is left: kill(%d, 0): %v", pid, err)
 	}
 }

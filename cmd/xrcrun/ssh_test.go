@@ -35,9 +35,26 @@ func TestParseHosts(t *testing.T) {
 
 func TestSSHCommand(t *testing.T) {
 	got := sshCommand("ssh -p 2222  -o X=y", "h1", []string{"/opt/x run/xrcrun", "agent", "it's"})
-	want := []string{"ssh", "-p", "2222", "-o", "X=y", "h1", `exec '/opt/x run/xrcrun' agent 'it'\''s'`}
+	want := []string{"ssh", "-p", "2222", "-o", "X=y", "-o", "BatchMode=yes", "h1", `exec '/opt/x run/xrcrun' agent 'it'\''s'`}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q, want %q", got, want)
+	}
+	// ssh runs in batch mode (it cannot ask in the background), unless
+	// the user's options say otherwise or the command is not ssh.
+	for _, c := range []struct {
+		ssh  string
+		want []string
+	}{
+		{"", []string{"ssh", "-o", "BatchMode=yes", "h", "exec a"}},
+		{"/usr/bin/ssh -v", []string{"/usr/bin/ssh", "-v", "-o", "BatchMode=yes", "h", "exec a"}},
+		{"ssh -o batchmode=no", []string{"ssh", "-o", "batchmode=no", "h", "exec a"}},
+		{"ssh -oBatchMode=no", []string{"ssh", "-oBatchMode=no", "h", "exec a"}},
+		{"rsh", []string{"rsh", "h", "exec a"}},
+		{"/opt/bin/my-ssh-wrapper -x", []string{"/opt/bin/my-ssh-wrapper", "-x", "h", "exec a"}},
+	} {
+		if got := sshCommand(c.ssh, "h", []string{"a"}); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("--ssh %q: got %q, want %q", c.ssh, got, c.want)
+		}
 	}
 	// The quoting survives a real shell.
 	out, err := exec.Command("sh", "-c", "printf '%s|' "+shellQuote("a b'c\"$HOME")+" "+shellQuote("")).Output()

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 
 	"golang.org/x/term"
 )
@@ -22,7 +21,7 @@ type statusLine struct {
 
 // newStatusLine draws on w if w is a terminal.
 func newStatusLine(w io.Writer) *statusLine {
-	f, ok := w.(*os.File)
+	f, ok := w.(interface{ Fd() uintptr }) // an *os.File, or main's pipeWriter
 	return &statusLine{w: w, on: ok && term.IsTerminal(int(f.Fd()))}
 }
 

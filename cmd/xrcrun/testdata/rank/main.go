@@ -27,11 +27,21 @@ func main() {
 	lines := flag.Int("lines", 1, "how many lines to print")
 	join := flag.Bool("join", false, "join the job's rendezvous (bootstrap.FromEnv) and pass a barrier before exiting")
 	open := flag.Bool("open", false, "open the node's device (XRC_DEVICE) and print its port's GID")
+	usr := flag.Bool("usr", false, `print "rank R got SIGNAL" on SIGUSR1 and SIGUSR2`)
 	flag.Parse()
 	if *ignoreTerm {
 		signal.Ignore(syscall.SIGTERM)
 	}
 	rank, _ := strconv.Atoi(os.Getenv("XRC_RANK"))
+	if *usr {
+		sigs := make(chan os.Signal, 4)
+		signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
+		go func() {
+			for s := range sigs {
+				fmt.Printf("rank %d got %v\n", rank, s)
+			}
+		}()
+	}
 	var client *bootstrap.Client
 	if *join {
 		c, _, err := bootstrap.FromEnv(context.Background(), bootstrap.ClientConfig{})
