@@ -281,3 +281,15 @@ func (o *output) close(ctx context.Context, grace time.Duration) {
 		o.drop()
 	}
 }
+
+// queueWriter queues what it is given for stream of o, untouched: the
+// output of the processes that start agents. It does not wait.
+type queueWriter struct {
+	o      *output
+	stream int
+}
+
+func (w queueWriter) Write(b []byte) (int, error) {
+	w.o.put(outItem{stream: w.stream, data: bytes.Clone(b)})
+	return len(b), nil
+}

@@ -76,7 +76,8 @@ func (j *job) startAgents(ctx context.Context, spec agentSpec) error {
 // the ranks started), ssh and srun end their remote side.
 func (j *job) launch(cmd *exec.Cmd, what string, nodes []int, spec *agentSpec) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	out := &procLog{w: j.stderr, hold: true}
+	// In order with the ranks' output, and never holding up the caller.
+	out := &procLog{w: queueWriter{j.out, 2}, hold: true}
 	cmd.Stdout, cmd.Stderr = out, out
 	if j.mode == modeLocal {
 		// An agent here writes to the launcher's stderr itself, not
@@ -113,7 +114,6 @@ func (j *job) launch(cmd *exec.Cmd, what string, nodes []int, spec *agentSpec) e
 func (j *job) agentConnected(node int) {
 	for _, p := range j.procs {
 		if slices.Contains(p.nodes, node) && p.out.holding() {
-			j.status.clear()
 			p.out.release()
 		}
 	}
@@ -176,7 +176,7 @@ func (l *procLog) holding() bool {
 	return l.hold
 }
 
-// release writes what was held and what comes next.
+// release writes what was held and lets what comes next through.
 func (l *procLog) release() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
