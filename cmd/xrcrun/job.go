@@ -120,8 +120,7 @@ func (j *job) run(ctx context.Context) error {
 	j.quit = make(chan struct{})
 	defer close(j.quit)
 	j.conns = make([]*ctrlConn, len(j.place.Nodes))
-	j.rankDone = make([]bool, len(j.place.Node))
-	j.quitAt = make([]int64, len(j.place.Node))
+	j.trackRanks(len(j.place.Node))
 	j.out = newOutput(j.stdout, j.stderr, j.cfg.tag, newStatusLine(j.stderr))
 	go j.accept(ln)
 	defer func() {
@@ -275,6 +274,12 @@ func (j *job) read(node int, c *ctrlConn) {
 			return
 		}
 	}
+}
+
+// trackRanks sizes the state the loop keeps for each of n ranks.
+func (j *job) trackRanks(n int) {
+	j.rankDone = make([]bool, n)
+	j.quitAt = make([]int64, n)
 }
 
 // hostOf names node k's host for reports.

@@ -65,7 +65,7 @@ func loopJob(t *testing.T, nodes, ppn int, stdout io.Writer) (*job, string) {
 	j.events = make(chan event, 256)
 	j.quit = make(chan struct{})
 	j.conns = make([]*ctrlConn, nodes)
-	j.rankDone = make([]bool, len(j.place.Node))
+	j.trackRanks(len(j.place.Node))
 	j.out = newOutput(stdout, io.Discard, false, nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -174,7 +174,7 @@ func TestLostNodeFlushesOutput(t *testing.T) {
 	j := &job{cfg: &launchConfig{grace: time.Second}, log: slog.New(slog.DiscardHandler), stdout: &stdout, stderr: &stderr}
 	j.place = placement{Nodes: []node{{}}, Ranks: [][]int{{0}}, Node: []int{0}}
 	j.conns = make([]*ctrlConn, 1)
-	j.rankDone = make([]bool, 1)
+	j.trackRanks(1)
 	j.out = newOutput(&stdout, &stderr, false, newStatusLine(&stderr))
 	j.handle(event{kind: evMessage, node: 0, msg: message{T: msgOut, Rank: 0, Stream: 1, Data: []byte("last words")}})
 	j.handle(event{kind: evGone, node: 0, err: errors.New("EOF")})
