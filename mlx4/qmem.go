@@ -81,8 +81,10 @@ func (m *queueMem) alloc(n int) ([]byte, error) {
 }
 
 // free gives back a buffer from alloc. It clears the buffer's pages, so
-// that they come out of alloc zeroed again; a chunk none of whose pages
-// are in use goes back to the Kernel unless it is the last one.
+// that they come out of alloc zeroed again. A chunk none of whose pages
+// are in use goes back to the Kernel if another one is empty too: one
+// stays, so that a queue created and destroyed again and again while the
+// other chunks are full does not take and give back a chunk every time.
 func (m *queueMem) free(b []byte) error {
 	ps := unix.PageSize
 	m.mu.Lock()
@@ -100,7 +102,7 @@ func (m *queueMem) free(b []byte) error {
 	c.mark(p, pages, false)
 	c.runs[p] = 0
 	c.n -= pages
-	if c.n == 0 && len(m.chunks) > 1 {
+	if c.n == 0 && slices.ContainsFunc(m.chunks, func(o *qchunk) bool { return o != c && o.n == 0 }) {
 		m.chunks = slices.Delete(m.chunks, i, i+1)
 		return m.k.FreeQueue(c.b)
 	}

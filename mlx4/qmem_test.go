@@ -151,3 +151,32 @@ func TestQueueMemBadFree(t *testing.T) {
 		t.Fatalf("close with a buffer in use: %v, %d allocations live, want its chunk kept", err, k.live)
 	}
 }
+
+// TestQueueMemNoThrashWhenFull: every chunk is full of live queues (a
+// client with many QPs), and the program creates and destroys one more
+// queue in a loop (a connection that comes and goes). Each create should
+// not cost a new 1 MiB chunk from the Kernel (with a software HCA in
+// another process: a memfd, a message and a mapping on both sides, and
+// 1 MiB zeroed), freed again by the destroy.
+func TestQueueMemNoThrashWhenFull(t *testing.T) {
+	k := &countingKernel{}
+	m := &queueMem{k: k}
+	for range chunkPages { // one chunk, full
+		if _, err := m.alloc(unix.PageSize); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := k.allocs
+	for range 10 {
+		b, err := m.alloc(2 * unix.PageSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := k.allocs - before; n > 1 {
+		t.Errorf("10 create/destroy cycles of a 2-page queue took %d chunks of %d KiB from the Kernel, want at most 1", n, chunkPages*unix.PageSize>>10)
+	}
+}

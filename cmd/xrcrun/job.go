@@ -41,7 +41,7 @@ type job struct {
 
 	ready, started, done int
 	rankDone             []bool
-	quitAt               []int64 // when a rank exited with status 0 (Unix ns), or 0
+	quitAt               []int64 // when a rank exited with status 0 of itself (Unix ns), or 0
 	failures             []rankFailure
 	cause                error // why the job ends early: a signalCause or a timeout; nil for a rank failure
 	ending, byeSent      bool
@@ -290,10 +290,10 @@ func (j *job) hostOf(k int) string {
 // blameCulprit puts first the failed rank that the bootstrap server saw
 // abort the job or get lost, when several failed: the others may have
 // failed because of it (a rank in a collective fails when the job is
-// aborted), and their exits may have been seen first. A rank the server
-// lost that exited with status 0 (it never closed its client: no
-// Finalize) is not among the failures: it is added, first. The server's
-// word comes once every rank has gone.
+// aborted), and their exits may have been seen first. A culprit that
+// exited with status 0 on its own is not among the failures: it is added,
+// first, with what the server said of it. The server's word comes once
+// every rank has gone.
 func (j *job) blameCulprit() {
 	if len(j.failures) == 0 {
 		return
@@ -304,8 +304,8 @@ func (j *job) blameCulprit() {
 	case <-time.After(time.Second):
 		return
 	}
-	r, ok := culprit(served)
-	if !ok {
+	ae := culprit(served)
+	if ae == nil {
 		return
 	}
 	first := j.failures[0].Time
@@ -313,14 +313,17 @@ func (j *job) blameCulprit() {
 		first = min(first, f.Time)
 	}
 	for i := range j.failures {
-		if j.failures[i].Rank == r {
+		if j.failures[i].Rank == ae.Rank {
 			j.failures[i].Time = first - 1
 			return
 		}
 	}
-	if r < len(j.quitAt) && j.quitAt[r] != 0 {
+	if r := ae.Rank; r < len(j.quitAt) && j.quitAt[r] != 0 {
+		detail := "it ended the others: " + ae.Reason
+		if ae.Lost {
+			detail = "it exited without leaving the job (no Finalize or Client.Close), which ended the others"
+		}
 		node := j.place.Node[r]
-		j.failures = append(j.failures, rankFailure{Rank: r, Node: node, Host: j.hostOf(node), Time: first - 1,
-			Detail: "it exited without leaving the job (no Finalize or Client.Close), which ended the others"})
+		j.failures = append(j.failures, rankFailure{Rank: r, Node: node, Host: j.hostOf(node), Time: first - 1, Detail: detail})
 	}
 }

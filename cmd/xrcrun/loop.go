@@ -153,7 +153,7 @@ func (j *job) message(node int, m message) {
 		if !j.validRank(node, m.Rank) || j.rankDone[m.Rank] {
 			return
 		}
-		if m.Code == 0 && m.Signal == 0 {
+		if m.Code == 0 && m.Signal == 0 && !m.Terminated { // not after the launcher's SIGTERM
 			j.quitAt[m.Rank] = max(m.Time, 1)
 		}
 		if (m.Code != 0 || m.Signal != 0) && !m.Terminated {

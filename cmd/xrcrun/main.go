@@ -41,7 +41,7 @@ func main() {
 		}
 	}()
 	var stdout, stderr io.Writer = os.Stdout, os.Stderr
-	if len(os.Args) < 2 || os.Args[1] != "agent" {
+	if len(os.Args) > 1 && commands[os.Args[1]] == nil { // a launch, not a command
 		// SIGUSR1 and SIGUSR2 are forwarded to the ranks, as mpirun does.
 		fwd := make(chan os.Signal, 4)
 		signal.Notify(fwd, syscall.SIGUSR1, syscall.SIGUSR2)
@@ -50,10 +50,10 @@ func main() {
 		// SIGINT does, with its cleanup: SIGPIPE, unhandled, killed the
 		// launcher. Handled, it comes for writes to any broken pipe or
 		// socket (a control connection whose agent died, too): what ends
-		// the job is a write to stdout or stderr failing with EPIPE. An
-		// agent keeps the default: one whose launcher died (its stderr is
-		// a pipe to the launcher) dies on its next log line, and its ranks
-		// with it.
+		// the job is a write to stdout or stderr failing with EPIPE. The
+		// commands keep the defaults: an agent whose launcher died (its
+		// stderr is a pipe to the launcher) dies on its next log line, and
+		// its ranks with it; hca and devices end on SIGUSR1 as programs do.
 		pipe := make(chan os.Signal, 1)
 		signal.Notify(pipe, syscall.SIGPIPE)
 		go func() {

@@ -14,12 +14,12 @@ func listenRendezvous(ctx context.Context, addr string, size int, key []byte, lo
 	return bootstrap.Listen(ctx, addr, bootstrap.ServerConfig{Size: size, Key: key, Logger: log})
 }
 
-// culprit returns the rank that aborted the job or was lost first, from
-// what the bootstrap server's Serve returned.
-func culprit(served error) (int, bool) {
+// culprit returns what the bootstrap server's Serve returned about the
+// rank that aborted the job or was lost first, or nil.
+func culprit(served error) *bootstrap.AbortError {
 	var ae *bootstrap.AbortError
 	if errors.As(served, &ae) && ae.Rank >= 0 {
-		return ae.Rank, true
+		return ae
 	}
-	return 0, false
+	return nil
 }
