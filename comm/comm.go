@@ -489,6 +489,9 @@ func (c *Comm) irecv(r *Request, buf []byte, src, tag int) (*Request, error) {
 		e.deliverTo(r, m, nil)
 		return r, nil
 	}
+	if src != AnySource && e.peerErr[c.ranks[src]] != nil {
+		return nil, e.peerErr[c.ranks[src]]
+	}
 	e.posted[c.ctx] = append(e.posted[c.ctx], r)
 	return r, nil
 }

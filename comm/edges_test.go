@@ -426,3 +426,47 @@ func TestBadRootTakesTurn(t *testing.T) {
 		return nil
 	})
 }
+
+// TestPeerFailed: a transport says it no longer carries traffic from rank
+// 1 (shm does so for a peer whose ring was corrupt). Rank 0's receive from
+// rank 1 fails with the transport's error, as does a later one; its
+// receives from rank 2 and from any source still get rank 2's messages.
+// Before, the receive from rank 1 waited until its context ended.
+func TestPeerFailed(t *testing.T) {
+	w := world(t, 3, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	from1, err := w[0].Irecv(make([]byte, 8), 1, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from2, err := w[0].Irecv(make([]byte, 8), 2, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	anyone, err := w[0].Irecv(make([]byte, 8), AnySource, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := errors.New("test: ring of rank 1 corrupt")
+	e := w[0].e
+	e.mu.Lock()
+	e.PeerFailed(1, broken)
+	e.mu.Unlock()
+	if _, err := from1.Wait(ctx); !errors.Is(err, broken) {
+		t.Fatalf("receive from the failed rank: %v, want its error", err)
+	}
+	if _, err := w[0].Irecv(make([]byte, 8), 1, 5); !errors.Is(err, broken) {
+		t.Fatalf("a later receive from the failed rank: %v, want its error", err)
+	}
+	for _, tag := range []int{5, 6} {
+		if err := w[2].Send(ctx, []byte("rank 2"), 0, tag); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range []*Request{from2, anyone} {
+		if st, err := r.Wait(ctx); err != nil || st.Source != 2 {
+			t.Fatalf("receive of rank 2's message: %+v, %v", st, err)
+		}
+	}
+}

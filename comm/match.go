@@ -236,3 +236,28 @@ func (e *engine) pushed(from int, h header, body []byte) {
 		e.finish(p.r, nil)
 	}
 }
+
+// PeerFailed fails the receives posted for a message from rank (a world
+// rank) with err, which a transport says it no longer carries traffic from
+// (shm: its ring was corrupt), and irecv fails later ones; receives from
+// any source stay posted for the others' messages. Progress calls it, with
+// the lock held.
+func (e *engine) PeerFailed(rank int, err error) {
+	if e.peerErr == nil {
+		e.peerErr = map[int]error{}
+	}
+	e.peerErr[rank] = err
+	e.log.Error("comm: no more traffic from a rank", "rank", rank, "err", err)
+	for ctx, q := range e.posted {
+		kept := q[:0]
+		for _, r := range q {
+			if r.src != AnySource && r.c.ranks[r.src] == rank {
+				r.complete(Status{Source: r.src, Tag: r.tag}, err)
+				continue
+			}
+			kept = append(kept, r)
+		}
+		clear(q[len(kept):])
+		e.posted[ctx] = kept
+	}
+}

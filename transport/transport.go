@@ -40,6 +40,16 @@ type Handler interface {
 	ReadDone(cookie uint64, err error)
 }
 
+// PeerFailureHandler is a Handler that also hears of a peer a transport
+// stopped carrying traffic from, for good (shm: the peer's ring was found
+// corrupt). Sends to and Reads from that peer fail from then on; the
+// handler fails what waits for it. Progress calls PeerFailed once per
+// peer, when its Handler is one.
+type PeerFailureHandler interface {
+	Handler
+	PeerFailed(rank int, err error)
+}
+
 // Transport is one fabric as comm sees it. Its methods are called from one
 // goroutine, except Name and Reaches.
 type Transport interface {

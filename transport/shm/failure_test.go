@@ -66,7 +66,8 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // rank 1's good frame and every frame of rank 2, Progress does not fail,
 // the inbox is not left Pending, the peer is counted and logged once, and
 // sends to and reads from rank 1 fail with an error that wraps ErrCorrupt
-// while rank 2 is still reached. Before, Progress returned rank 1's error
+// while rank 2 is still reached; the handler hears of rank 1 once
+// (PeerFailed), so that it fails what waits for it. Before, Progress returned rank 1's error
 // on every call, before it read rank 2's ring, and the inbox stayed
 // Pending: rank 2 went unheard for good.
 func TestCorruptRingFailsOnlyItsPeer(t *testing.T) {
@@ -148,6 +149,9 @@ func TestCorruptRingFailsOnlyItsPeer(t *testing.T) {
 	send(0, 2, []byte("still here"))
 	if n := counterValue(t, reg, "xrc_shm_peer_errors_total"); n != 1 {
 		t.Fatalf("xrc_shm_peer_errors_total is %v, want 1", n)
+	}
+	if fs := got.failed; len(fs) != 1 || len(fs[1]) != 1 || !errors.Is(fs[1][0], ErrCorrupt) {
+		t.Fatalf("the handler heard of failed peers %v, want rank 1 once, with ErrCorrupt", fs)
 	}
 	if n := strings.Count(logs.String(), "peer failed"); n != 1 {
 		t.Fatalf("%d logs of the failed peer, want 1:\n%s", n, logs.String())

@@ -265,6 +265,9 @@ func (t *Transport) Progress(h transport.Handler) (int, error) {
 			f, err := c.Next()
 			if err != nil {
 				t.fail(rank, err)
+				if pf, ok := h.(transport.PeerFailureHandler); ok {
+					pf.PeerFailed(rank, t.broken[rank])
+				}
 				break
 			}
 			if f == nil {

@@ -16,12 +16,19 @@ import (
 type collector struct {
 	frames map[int][][]byte
 	reads  map[uint64]error
+	failed map[int][]error // PeerFailed calls, by rank
 }
 
 func (c *collector) Deliver(rank int, f []byte) {
 	c.frames[rank] = append(c.frames[rank], append([]byte(nil), f...))
 }
 func (c *collector) ReadDone(cookie uint64, err error) { c.reads[cookie] = err }
+func (c *collector) PeerFailed(rank int, err error) {
+	if c.failed == nil {
+		c.failed = map[int][]error{}
+	}
+	c.failed[rank] = append(c.failed[rank], err)
+}
 
 // node makes the shm transports of n ranks on one node (and one rank of
 // another node, which they must not reach) and connects them.
