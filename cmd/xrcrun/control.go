@@ -293,8 +293,7 @@ type agentSpec struct {
 	Grace        time.Duration `json:"grace"`
 	// Faults are injected in the soft HCAs the agents start (node K's
 	// seeded with Seed+K).
-	Faults  softhca.Faults `json:"faults"`
-	Verbose bool           `json:"verbose,omitempty"`
+	Faults softhca.Faults `json:"faults"`
 }
 
 // nodeAt is a node of the job as agents see it.

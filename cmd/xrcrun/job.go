@@ -189,7 +189,7 @@ func (j *job) spec() (agentSpec, func(), error) {
 	s := agentSpec{
 		JobID: j.id, Bootstrap: j.rdv.Addr(), Size: len(j.place.Node),
 		Program: j.program, Args: j.cfg.args, Dir: cwd, Env: j.cfg.env.resolve(os.LookupEnv),
-		Transport: j.cfg.transport, Connect: j.cfg.connect, Grace: j.cfg.grace, Verbose: j.cfg.verbose,
+		Transport: j.cfg.transport, Connect: j.cfg.connect, Grace: j.cfg.grace,
 		Faults: j.cfg.faults,
 	}
 	for k, nd := range j.place.Nodes {
