@@ -18,69 +18,67 @@ import (
 	"time"
 )
 
-// envAgentSpec carries the agent's spec when it cannot come on standard
-// input (agents started by srun).
-const envAgentSpec = "XRC_AGENT_SPEC"
+// envAgentBoot carries the agent's boot line when it cannot come on
+// standard input (agents started by srun).
+const envAgentBoot = "XRC_AGENT"
 
 // runAgent is the node agent, started by the launcher on each node (`xrcrun
-// agent`, not for people): it reads its spec, connects back to the
-// launcher, brings up the node's device, starts the node's ranks and
-// relays their output and exits, until the launcher says bye or goes away.
-// Either way no rank of the node outlives it.
+// agent`, not for people): it reads its boot line, connects back to the
+// launcher, which sends it its spec, brings up the node's device, starts
+// the node's ranks and relays their output and exits, until the launcher
+// says bye or goes away. Either way no rank of the node outlives it.
 func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("xrcrun agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	spec, err := readSpec(os.Stdin)
+	boot, err := readBoot(os.Stdin)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
 	level := slog.LevelWarn
-	if spec.Verbose {
+	if boot.Verbose {
 		level = slog.LevelDebug
 	}
-	node := spec.Node
+	node := boot.Node
 	if node < 0 {
 		if node, err = slurmNodeIndex(os.Getenv); err != nil {
 			return fmt.Errorf("agent: %w", err)
 		}
 	}
-	if node >= len(spec.Nodes) {
-		return fmt.Errorf("agent: node %d of a job of %d nodes", node, len(spec.Nodes))
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("job", spec.JobID, "node", node)
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("job", boot.JobID, "node", node)
 	runtime.GOMAXPROCS(1) // the device engine is one goroutine; see `xrcrun hca --procs`
-	a := &agent{spec: spec, node: node, log: log, ranks: map[int]*rankProc{}}
+	a := &agent{boot: boot, node: node, log: log, ranks: map[int]*rankProc{}}
 	return a.run(ctx)
 }
 
-// readSpec reads the agent's spec from $XRC_AGENT_SPEC or, if unset, as one
-// line of r.
-func readSpec(r io.Reader) (agentSpec, error) {
-	var spec agentSpec
-	line := []byte(os.Getenv(envAgentSpec))
-	os.Unsetenv(envAgentSpec) // not for the ranks
+// readBoot reads the agent's boot line from $XRC_AGENT or, if unset, as
+// one line of r.
+func readBoot(r io.Reader) (agentBoot, error) {
+	var boot agentBoot
+	line := []byte(os.Getenv(envAgentBoot))
+	os.Unsetenv(envAgentBoot) // not for the ranks
 	if len(line) == 0 {
-		br := bufio.NewReaderSize(r, 64<<10)
+		br := bufio.NewReaderSize(r, 4<<10)
 		var err error
 		if line, err = br.ReadBytes('\n'); err != nil && len(line) == 0 {
-			return spec, fmt.Errorf("read spec from standard input: %w", err)
+			return boot, fmt.Errorf("read the boot line from standard input: %w", err)
 		}
 	}
-	if err := json.Unmarshal(line, &spec); err != nil {
-		return spec, fmt.Errorf("bad spec: %w", err)
+	if err := json.Unmarshal(line, &boot); err != nil {
+		return boot, fmt.Errorf("bad boot line: %w", err)
 	}
-	if spec.JobID == "" || spec.Control == "" || len(spec.Key) == 0 {
-		return spec, errors.New("spec lacks the job, the launcher's address or the key")
+	if boot.JobID == "" || boot.Control == "" || len(boot.Key) == 0 {
+		return boot, errors.New("boot line lacks the job, the launcher's address or the key")
 	}
-	return spec, nil
+	return boot, nil
 }
 
 // agent is one node's agent.
 type agent struct {
-	spec agentSpec
+	boot agentBoot
+	spec agentSpec // from the launcher, once connected
 	node int
 	log  *slog.Logger
 	conn *ctrlConn
@@ -160,10 +158,11 @@ func (a *agent) run(ctx context.Context) error {
 	}
 }
 
-// dial connects to the launcher and proves the agent holds the job's key.
+// dial connects to the launcher, proves the agent holds the job's key, and
+// receives the spec.
 func (a *agent) dial(ctx context.Context) error {
 	d := net.Dialer{Timeout: 30 * time.Second, KeepAlive: 15 * time.Second}
-	c, err := d.DialContext(ctx, "tcp", a.spec.Control)
+	c, err := d.DialContext(ctx, "tcp", a.boot.Control)
 	if err != nil {
 		return fmt.Errorf("agent: connect to the launcher: %w", err)
 	}
@@ -175,11 +174,23 @@ func (a *agent) dial(ctx context.Context) error {
 		c.Close()
 		return fmt.Errorf("agent: no challenge from the launcher: %v", err)
 	}
-	mac := helloMAC(a.spec.Key, a.spec.JobID, a.node, m.Nonce)
+	mac := helloMAC(a.boot.Key, a.boot.JobID, a.node, m.Nonce)
 	if err := a.conn.send(message{T: msgHello, Node: a.node, MAC: mac}); err != nil {
 		c.Close()
 		return fmt.Errorf("agent: hello: %w", err)
 	}
+	sealed, err := a.conn.recvSpec()
+	if err == nil {
+		a.spec, err = openSpec(a.boot.Key, a.boot.JobID, sealed)
+	}
+	if err == nil && a.node >= len(a.spec.Nodes) {
+		err = fmt.Errorf("node %d of a job of %d nodes", a.node, len(a.spec.Nodes))
+	}
+	if err != nil {
+		c.Close()
+		return fmt.Errorf("agent: %w", err)
+	}
+	a.log.Debug("spec", "bytes", len(sealed))
 	return nil
 }
 

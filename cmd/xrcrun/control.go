@@ -2,9 +2,13 @@ package main
 
 import (
 	"bufio"
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -18,14 +22,17 @@ import (
 // connection per agent, which the agent opens to the launcher, carrying
 // JSON messages one per line. The launcher opens with a challenge; the
 // agent answers with its node and an HMAC of the challenge under the job's
-// key. Then the agent reports (ready, started, out, exit, fail) and the
-// launcher commands (term, kill, signal, bye). When the connection closes,
-// the agent kills its ranks and exits: no rank outlives its launcher.
+// key. The launcher then sends the agent its spec, sealed under the key, in
+// pieces (spec). Then the agent reports (ready, started, out, exit, fail)
+// and the launcher commands (term, kill, signal, bye). When the connection
+// closes, the agent kills its ranks and exits: no rank outlives its
+// launcher.
 
 // Message types.
 const (
 	msgChallenge = "challenge" // launcher: Nonce
 	msgHello     = "hello"     // agent: Node, MAC
+	msgSpec      = "spec"      // launcher: Data, a piece of the sealed spec; Last on the last one
 	msgReady     = "ready"     // agent: its device is up: Device, Addr, Host
 	msgStarted   = "started"   // agent: Rank, PID
 	msgOut       = "out"       // agent: Rank, Stream (1 stdout, 2 stderr), Data
@@ -56,6 +63,7 @@ type message struct {
 	Time       int64  `json:"time,omitempty"`   // when the agent saw the exit, Unix ns
 	Terminated bool   `json:"terminated,omitempty"`
 	Err        string `json:"err,omitempty"`
+	Last       bool   `json:"last,omitempty"` // the last piece of the spec
 }
 
 // maxLine bounds a control message (output comes in chunks of outChunk).
@@ -133,15 +141,138 @@ func helloMAC(key []byte, jobID string, node int, nonce []byte) []byte {
 	return h.Sum(nil)
 }
 
-// agentSpec is what an agent is told: the job, its node, and how to run
-// the node's ranks. The launcher writes it as one JSON line to the agent's
-// standard input, or in $XRC_AGENT_SPEC for agents started by srun.
+// The spec travels sealed with AES-GCM under a key derived from the job's:
+// the control connection is plain TCP, and the spec says what the agent
+// runs (only the launcher may say that) and holds the -x variables (which
+// only the job may read). It comes in pieces of specChunk bytes, so that a
+// message stays within maxLine however large the job.
+const specChunk = 512 << 10 // base64 in JSON: about 700 KB a message
+
+// maxSpec bounds a sealed spec: the launcher does not send a larger one, an
+// agent takes no more. specTimeout bounds the wait for each piece of it.
+// Variables for tests.
+var (
+	maxSpec     = 256 << 20
+	specTimeout = time.Minute
+)
+
+// specAEAD is the cipher that seals the spec of job under key.
+func specAEAD(key []byte, jobID string) (cipher.AEAD, error) {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte("xrcrun spec\x00" + jobID))
+	b, err := aes.NewCipher(h.Sum(nil))
+	if err != nil {
+		return nil, err
+	}
+	return cipher.NewGCM(b)
+}
+
+// sealSpec is spec, without its key, encrypted and authenticated under
+// key: a random nonce followed by the sealed JSON.
+func sealSpec(key []byte, spec agentSpec) ([]byte, error) {
+	spec.Key = nil
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	aead, err := specAEAD(key, spec.JobID)
+	if err != nil {
+		return nil, err
+	}
+	if n := aead.NonceSize() + len(b) + aead.Overhead(); n > maxSpec {
+		return nil, fmt.Errorf("the agents' spec is %d bytes, more than %d (the program's arguments, -x, the nodes' ranks)", n, maxSpec)
+	}
+	nonce := make([]byte, aead.NonceSize(), aead.NonceSize()+len(b)+aead.Overhead())
+	rand.Read(nonce)
+	return aead.Seal(nonce, nonce, b, nil), nil
+}
+
+// openSpec checks and decrypts what sealSpec sealed for the job; the spec
+// gets the key.
+func openSpec(key []byte, jobID string, sealed []byte) (agentSpec, error) {
+	var spec agentSpec
+	aead, err := specAEAD(key, jobID)
+	if err != nil {
+		return spec, err
+	}
+	if len(sealed) < aead.NonceSize()+aead.Overhead() {
+		return spec, errors.New("spec: too short")
+	}
+	ns := aead.NonceSize()
+	b, err := aead.Open(nil, sealed[:ns], sealed[ns:], nil)
+	if err != nil {
+		return spec, errors.New("spec: not sealed with the job's key")
+	}
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return spec, fmt.Errorf("spec: %w", err)
+	}
+	if spec.JobID != jobID {
+		return spec, fmt.Errorf("spec: of job %q, not %q", spec.JobID, jobID)
+	}
+	spec.Key = key
+	return spec, nil
+}
+
+// sendSpec sends the sealed spec in pieces.
+func (c *ctrlConn) sendSpec(sealed []byte) error {
+	for {
+		n := min(len(sealed), specChunk)
+		m := message{T: msgSpec, Data: sealed[:n], Last: n == len(sealed)}
+		if err := c.send(m); err != nil {
+			return err
+		}
+		if m.Last {
+			return nil
+		}
+		sealed = sealed[n:]
+	}
+}
+
+// recvSpec receives the pieces of a sealed spec: at most maxSpec bytes,
+// each piece within specTimeout.
+func (c *ctrlConn) recvSpec() ([]byte, error) {
+	defer c.c.SetReadDeadline(time.Time{})
+	var sealed []byte
+	for {
+		c.c.SetReadDeadline(time.Now().Add(specTimeout))
+		m, err := c.recv()
+		if err != nil {
+			return nil, fmt.Errorf("receive the spec: %w", err)
+		}
+		if m.T != msgSpec {
+			return nil, fmt.Errorf("receive the spec: got %q", m.T)
+		}
+		if len(m.Data) > maxSpec-len(sealed) {
+			return nil, fmt.Errorf("receive the spec: more than %d bytes", maxSpec)
+		}
+		sealed = append(sealed, m.Data...)
+		if m.Last {
+			return sealed, nil
+		}
+	}
+}
+
+// agentBoot is what an agent is started with: enough to reach the launcher
+// and prove that it belongs to the job. The launcher writes it as one JSON
+// line to the agent's standard input, or puts it in $XRC_AGENT for agents
+// started by srun (one environment string is limited to 128 KiB: the spec,
+// whose node list grows with the job, comes over the control connection).
+type agentBoot struct {
+	JobID   string `json:"job"`
+	Key     []byte `json:"key"`
+	Control string `json:"control"` // the launcher's control address, host:port
+	Node    int    `json:"node"`    // -1: from Slurm's task number
+	Verbose bool   `json:"verbose,omitempty"`
+}
+
+// agentSpec is what an agent is told once it has connected: the job, the
+// nodes, and how to run its node's ranks. The launcher sends it sealed
+// (sealSpec) after the agent's hello, without the key, which the agent
+// has already.
 type agentSpec struct {
 	JobID     string   `json:"job"`
-	Key       []byte   `json:"key"`
-	Control   string   `json:"control"`   // the launcher's control address, host:port
-	Bootstrap string   `json:"bootstrap"` // the rendezvous server, host:port
-	Node      int      `json:"node"`      // -1: from Slurm's task number
+	Key       []byte   `json:"key,omitempty"` // from agentBoot; never sent
+	Bootstrap string   `json:"bootstrap"`     // the rendezvous server, host:port
 	Nodes     []nodeAt `json:"nodes"`
 	Size      int      `json:"size"`
 	Program   string   `json:"program"`
@@ -162,8 +293,7 @@ type agentSpec struct {
 	Grace        time.Duration `json:"grace"`
 	// Faults are injected in the soft HCAs the agents start (node K's
 	// seeded with Seed+K).
-	Faults  softhca.Faults `json:"faults"`
-	Verbose bool           `json:"verbose,omitempty"`
+	Faults softhca.Faults `json:"faults"`
 }
 
 // nodeAt is a node of the job as agents see it.

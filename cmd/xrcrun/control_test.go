@@ -1,18 +1,25 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
 
 // TestControlHandshake: the launcher takes an agent that proves it holds
-// the job's key for a node of the job, and nothing else.
+// the job's key for a node of the job, and nothing else; the one it takes
+// gets the spec.
 func TestControlHandshake(t *testing.T) {
 	key := []byte("0123456789abcdef0123456789abcdef")
-	j := &job{id: "j1", key: key, place: placement{Nodes: make([]node, 2)}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	sealed, err := sealSpec(key, agentSpec{JobID: "j1", Program: "prog", Nodes: make([]nodeAt, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := &job{id: "j1", key: key, sealed: sealed, place: placement{Nodes: make([]node, 2)}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		events: make(chan event, 4), quit: make(chan struct{})}
 	defer close(j.quit)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -33,8 +40,13 @@ func TestControlHandshake(t *testing.T) {
 			t.Fatalf("challenge %+v, %v", m, err)
 		}
 		cc.send(message{T: msgHello, Node: node, MAC: mac(m.Nonce)})
-		closed := make(chan struct{}) // the launcher hung up: refused
-		go func() { cc.recv(); close(closed) }()
+		b, err := cc.recvSpec()
+		if err != nil { // the launcher hung up: refused
+			return false
+		}
+		if spec, err := openSpec(key, "j1", b); err != nil || spec.Program != "prog" || string(spec.Key) != string(key) {
+			t.Errorf("spec %+v, %v", spec, err)
+		}
 		select {
 		case ev := <-j.events:
 			if ev.kind != evConnected || ev.node != node {
@@ -42,8 +54,6 @@ func TestControlHandshake(t *testing.T) {
 			}
 			ev.conn.close()
 			return true
-		case <-closed:
-			return false
 		case <-time.After(time.Minute):
 			t.Fatal("neither accepted nor refused")
 			return false
@@ -95,5 +105,66 @@ func TestEnvFlag(t *testing.T) {
 		if got[i] != want[i] {
 			t.Errorf("got %q, want %q", got, want)
 		}
+	}
+}
+
+// TestSpecTransfer: a spec larger than a control message comes in pieces;
+// one sealed under another key, or of another job, or too large, is
+// refused.
+func TestSpecTransfer(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	spec := agentSpec{JobID: "j1", Program: "prog", Nodes: make([]nodeAt, 80000)}
+	for k := range spec.Nodes {
+		spec.Nodes[k] = nodeAt{Host: fmt.Sprintf("node%06d", k), Ranks: []int{2 * k, 2*k + 1}}
+	}
+	sealed, err := sealSpec(key, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sealed) < 3*maxLine {
+		t.Fatalf("the spec is %d bytes: too small for the test", len(sealed))
+	}
+	transfer := func(send func(*ctrlConn) error) ([]byte, error) {
+		a, b := net.Pipe()
+		defer a.Close()
+		defer b.Close()
+		go func() { send(newCtrlConn(a)); a.Close() }()
+		return newAgentConn(b).recvSpec()
+	}
+	got, err := transfer(func(c *ctrlConn) error { return c.sendSpec(sealed) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := openSpec(key, "j1", got)
+	if err != nil || len(back.Nodes) != len(spec.Nodes) || back.Nodes[79999].Host != "node079999" || back.Nodes[7].Ranks[1] != 15 {
+		t.Fatalf("spec back: %v", err)
+	}
+	if _, err := openSpec([]byte("another key, as long as the other"), "j1", got); err == nil {
+		t.Error("opened under another key")
+	}
+	if _, err := openSpec(key, "j2", got); err == nil {
+		t.Error("opened as another job's")
+	}
+	got[len(got)/2] ^= 1
+	if _, err := openSpec(key, "j1", got); err == nil {
+		t.Error("opened a spec changed on the way")
+	}
+	// A peer that sends more than maxSpec is cut off at maxSpec; the
+	// launcher does not seal more.
+	defer func(n int) { maxSpec = n }(maxSpec)
+	maxSpec = 4 << 20
+	chunk := make([]byte, specChunk)
+	_, err = transfer(func(c *ctrlConn) error {
+		for {
+			if err := c.send(message{T: msgSpec, Data: chunk}); err != nil {
+				return err
+			}
+		}
+	})
+	if err == nil || !strings.Contains(err.Error(), "more than") {
+		t.Errorf("an endless spec: %v", err)
+	}
+	if _, err := sealSpec(key, agentSpec{JobID: "j1", Args: []string{strings.Repeat("a", maxSpec)}}); err == nil {
+		t.Error("sealed a spec larger than maxSpec")
 	}
 }

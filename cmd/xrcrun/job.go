@@ -34,6 +34,7 @@ type job struct {
 	events chan event
 	quit   chan struct{} // closed when the loop is over
 	rdv    *bootstrap.Server
+	sealed []byte      // the agents' spec, sealed (sealSpec); sent by accept
 	served chan error  // what rdv.Serve returned
 	conns  []*ctrlConn // by node, once connected
 	procs  []*launched
@@ -111,11 +112,14 @@ func (j *job) run(ctx context.Context) error {
 	j.served = make(chan error, 1)
 	go func() { j.served <- j.rdv.Serve(rctx) }()
 
-	spec, cleanup, err := j.spec(ln.Addr().String())
+	spec, cleanup, err := j.spec()
 	if err != nil {
 		return err
 	}
 	defer cleanup()
+	if j.sealed, err = sealSpec(j.key, spec); err != nil {
+		return fmt.Errorf("launcher: %w", err)
+	}
 	j.events = make(chan event, 256)
 	j.quit = make(chan struct{})
 	defer close(j.quit)
@@ -132,7 +136,8 @@ func (j *job) run(ctx context.Context) error {
 	}()
 	j.log.Debug("job", "ranks", len(j.place.Node), "nodes", len(j.place.Nodes), "control", ln.Addr(), "bootstrap", j.rdv.Addr())
 	j.forwardSignals(ctx)
-	if err := j.startAgents(ctx, spec); err != nil {
+	boot := agentBoot{JobID: j.id, Key: j.key, Control: ln.Addr().String(), Verbose: j.cfg.verbose}
+	if err := j.startAgents(ctx, boot); err != nil {
 		j.killProcs()
 		j.out.close(ctx, 0)
 		return err
@@ -177,14 +182,14 @@ func (j *job) controlHost(ctx context.Context) (string, error) {
 	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
 }
 
-// spec is what every agent is told; cleanup removes the runtime directory
-// of a job on this machine.
-func (j *job) spec(control string) (agentSpec, func(), error) {
+// spec is what every agent is told once connected; cleanup removes the
+// runtime directory of a job on this machine.
+func (j *job) spec() (agentSpec, func(), error) {
 	cwd, _ := os.Getwd()
 	s := agentSpec{
-		JobID: j.id, Key: j.key, Control: control, Bootstrap: j.rdv.Addr(), Size: len(j.place.Node),
+		JobID: j.id, Bootstrap: j.rdv.Addr(), Size: len(j.place.Node),
 		Program: j.program, Args: j.cfg.args, Dir: cwd, Env: j.cfg.env.resolve(os.LookupEnv),
-		Transport: j.cfg.transport, Connect: j.cfg.connect, Grace: j.cfg.grace, Verbose: j.cfg.verbose,
+		Transport: j.cfg.transport, Connect: j.cfg.connect, Grace: j.cfg.grace,
 		Faults: j.cfg.faults,
 	}
 	for k, nd := range j.place.Nodes {
@@ -240,6 +245,11 @@ func (j *job) accept(ln net.Listener) {
 			if err != nil || m.T != msgHello || m.Node < 0 || m.Node >= len(j.place.Nodes) ||
 				!hmac.Equal(m.MAC, helloMAC(j.key, j.id, m.Node, nonce)) {
 				j.log.Warn("refused a control connection", "from", c.RemoteAddr(), "err", err)
+				c.Close()
+				return
+			}
+			if err := cc.sendSpec(j.sealed); err != nil {
+				j.log.Warn("could not send an agent its spec", "node", m.Node, "err", err)
 				c.Close()
 				return
 			}

@@ -133,6 +133,10 @@ func runFakeAgent(t *testing.T, j *job, control string, node, lines int) {
 		t.Error(err)
 		return
 	}
+	if _, err := a.conn.recvSpec(); err != nil {
+		t.Error(err)
+		return
+	}
 	a.conn.send(message{T: msgReady})
 	var ranks []*fakeRank
 	for _, r := range j.place.Ranks[node] {

@@ -90,7 +90,7 @@ func (a *agent) startRank(r, local, size int, dev *nodeDevice) {
 		Addr: s.Bootstrap, Key: s.Key, JobID: s.JobID, Transport: s.Transport, Connect: s.Connect, Device: dev.name,
 	}
 	cmd := exec.Command(s.Program, s.Args...)
-	cmd.Env = append(append(append(envList(os.Environ(), envAgentSpec), s.Env...), env.Environ()...),
+	cmd.Env = append(append(append(envList(os.Environ(), envAgentBoot), s.Env...), env.Environ()...),
 		softhca.RuntimeDirEnv+"="+dev.dir)
 	if st, err := os.Stat(s.Dir); err == nil && st.IsDir() {
 		cmd.Dir = s.Dir

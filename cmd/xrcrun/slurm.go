@@ -175,7 +175,8 @@ func expandTasksPerNode(s string) ([]int, error) {
 
 // srunCommand is the command that starts one agent on each of hosts: srun
 // (or $XRC_SRUN, split at spaces) with one task per node, killing the step
-// when one of them fails.
+// when one of them fails. The node list is compressed: one argument, as one
+// environment string, is limited to 128 KiB.
 func srunCommand(hosts []string, agent []string) []string {
 	srun := strings.Fields(os.Getenv(envSrun))
 	if len(srun) == 0 {
@@ -183,7 +184,7 @@ func srunCommand(hosts []string, agent []string) []string {
 	}
 	k := strconv.Itoa(len(hosts))
 	return append(append(srun, "--nodes="+k, "--ntasks="+k, "--ntasks-per-node=1",
-		"--nodelist="+strings.Join(hosts, ","), "--kill-on-bad-exit=1", "--cpu-bind=none"), agent...)
+		"--nodelist="+compressHostlist(hosts), "--kill-on-bad-exit=1", "--cpu-bind=none"), agent...)
 }
 
 // slurmNodeIndex is the node an agent started by srun runs: its task
@@ -199,4 +200,72 @@ func slurmNodeIndex(getenv func(string) string) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("slurm: agent started without SLURM_PROCID or SLURM_NODEID")
+}
+
+// compressHostlist is a Slurm host list of hosts, in their order:
+// consecutive numbers at the end of names with the same prefix make
+// ranges ("n01,n02,n03,n7" is "n[01-03,7]"). expandHostlist undoes it.
+func compressHostlist(hosts []string) string {
+	type run struct {
+		prefix   string
+		width    int // of zero-padded numbers; 0: not padded
+		lo, hi   int
+		numbered bool
+	}
+	var runs []run
+	for _, h := range hosts {
+		i := len(h)
+		for i > 0 && h[i-1] >= '0' && h[i-1] <= '9' {
+			i--
+		}
+		n, err := strconv.Atoi(h[i:])
+		if i == len(h) || err != nil || n > 1<<30 || strings.ContainsAny(h, "[],") {
+			runs = append(runs, run{prefix: h})
+			continue
+		}
+		if k := len(runs) - 1; k >= 0 && runs[k].numbered && runs[k].prefix == h[:i] && runs[k].hi < n &&
+			fmt.Sprintf("%0*d", runs[k].width, runs[k].hi+1) == h[i:] {
+			runs[k].hi++
+			continue
+		}
+		width := 0
+		if len(h)-i > 1 && h[i] == '0' {
+			width = len(h) - i
+		}
+		runs = append(runs, run{prefix: h[:i], width: width, lo: n, hi: n, numbered: true})
+	}
+	var b strings.Builder
+	for k := 0; k < len(runs); {
+		r := runs[k]
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(r.prefix)
+		if !r.numbered {
+			k++
+			continue
+		}
+		end := k + 1
+		for end < len(runs) && runs[end].numbered && runs[end].prefix == r.prefix {
+			end++
+		}
+		if end == k+1 && r.lo == r.hi {
+			fmt.Fprintf(&b, "%0*d", r.width, r.lo)
+			k++
+			continue
+		}
+		b.WriteByte('[')
+		for i, r := range runs[k:end] {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "%0*d", r.width, r.lo)
+			if r.hi > r.lo {
+				fmt.Fprintf(&b, "-%0*d", r.width, r.hi)
+			}
+		}
+		b.WriteByte(']')
+		k = end
+	}
+	return b.String()
 }

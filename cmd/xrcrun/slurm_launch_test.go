@@ -60,7 +60,7 @@ func TestLaunchSlurm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"--nodes=2 ", "--ntasks=2 ", "--ntasks-per-node=1 ", "--nodelist=" + prefix + "1," + prefix + "2 ", " agent\n"} {
+	for _, want := range []string{"--nodes=2 ", "--ntasks=2 ", "--ntasks-per-node=1 ", "--nodelist=" + prefix + "[1-2] ", " agent\n"} {
 		if !strings.Contains(string(args), want) {
 			t.Errorf("srun arguments %q lack %q", args, want)
 		}
@@ -74,4 +74,35 @@ func TestLaunchSlurm(t *testing.T) {
 	if want := "* rank 3 (node 0, " + prefix + "1): exit status 7"; !strings.Contains(j.stderr.String(), want) {
 		t.Errorf("stderr lacks %q:\n%s", want, j.stderr.String())
 	}
+}
+
+// TestLaunchSlurmLargeSpec: a job whose agents' spec is larger than one
+// environment string may be (128 KiB on Linux: srun's environment carried
+// it, and starting srun failed with E2BIG) runs under srun: 200 KiB of
+// program arguments and -x variables.
+func TestLaunchSlurmLargeSpec(t *testing.T) {
+	t.Parallel()
+	_, rank := tools(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "srun"), []byte(fakeSrun), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	prefix := fmt.Sprintf("127.%d.%d.", 128+rand.IntN(128), rand.IntN(256))
+	env := []string{
+		"PATH=" + dir + ":" + os.Getenv("PATH"), "FAKE_SRUN_LOG=" + filepath.Join(dir, "srun.log"),
+		"SLURM_JOB_ID=4243", "SLURM_NODELIST=" + prefix + "[1-2]", "SLURM_TASKS_PER_NODE=2(x2)",
+	}
+	var args []string
+	for i := range 500 {
+		args = append(args, "-x", fmt.Sprintf("XRC_TEST_VAR_%d=%s", i, strings.Repeat("v", 200)))
+	}
+	args = append(args, rank)
+	for range 500 {
+		args = append(args, strings.Repeat("a", 200))
+	}
+	j := startJob(t, ".", env, args...)
+	if st := j.wait(2 * time.Minute); st != 0 {
+		t.Fatalf("exit status %d\n%s", st, j.stderr.String())
+	}
+	checkRanks(t, strings.Split(strings.TrimSpace(j.out()), "\n"), 4, func(r int) int { return r / 2 })
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -82,5 +83,44 @@ func TestSlurmDefaultRanks(t *testing.T) {
 		if _, err := place(n, nodes, cfg.ppn, false); err != nil || n != c.want {
 			t.Errorf("ppn %d: %d ranks (%v), want %d", c.ppn, n, err, c.want)
 		}
+	}
+}
+
+func TestCompressHostlist(t *testing.T) {
+	for _, c := range []struct {
+		hosts []string
+		want  string
+	}{
+		{[]string{"node01", "node02", "node03", "node7"}, "node[01-03,7]"},
+		{[]string{"a", "b1", "b2", "c"}, "a,b[1-2],c"},
+		{[]string{"127.0.1.1", "127.0.1.2", "127.0.1.3"}, "127.0.1.[1-3]"},
+		{[]string{"gpu9", "gpu10", "gpu11"}, "gpu[9-11]"},
+		{[]string{"x098", "x099", "x100"}, "x[098-100]"},
+		{[]string{"n1"}, "n1"},
+		{[]string{"n3", "n2", "n1"}, "n[3,2,1]"},
+		{[]string{"r1n1", "r1n2", "r2n1"}, "r1n[1-2],r2n1"},
+		{[]string{"n1", "m1", "n2"}, "n1,m1,n2"},
+		{[]string{"n0", "n00", "n01"}, "n[0,00-01]"},
+		{[]string{"node1", "node1"}, "node[1,1]"},
+	} {
+		if got := compressHostlist(c.hosts); got != c.want {
+			t.Errorf("compressHostlist(%q) = %q, want %q", c.hosts, got, c.want)
+		}
+	}
+	// Undone by expandHostlist, and short.
+	var hosts []string
+	for i := range 30000 {
+		hosts = append(hosts, fmt.Sprintf("node%05d", i))
+		if i%1000 == 999 {
+			hosts = append(hosts, fmt.Sprintf("gpu%d", i/1000))
+		}
+	}
+	list := compressHostlist(hosts)
+	back, err := expandHostlist(list)
+	if err != nil || !reflect.DeepEqual(back, hosts) {
+		t.Errorf("expandHostlist(compressHostlist(...)): %v", err)
+	}
+	if len(list) > 1000 {
+		t.Errorf("compressed to %d bytes", len(list))
 	}
 }

@@ -18,9 +18,10 @@ import (
 
 // startAgents starts one agent per node: as child processes on this
 // machine, through ssh on each host, or with one srun for the nodes of a
-// Slurm allocation. Agents connect back on their own; a process that exits
-// first is reported to the loop.
-func (j *job) startAgents(ctx context.Context, spec agentSpec) error {
+// Slurm allocation, each told boot (on its standard input, or in $XRC_AGENT
+// under srun). Agents connect back on their own and get their spec then; a
+// process that exits first is reported to the loop.
+func (j *job) startAgents(ctx context.Context, boot agentBoot) error {
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("launcher: own path, to run agents: %w", err)
@@ -29,25 +30,25 @@ func (j *job) startAgents(ctx context.Context, spec agentSpec) error {
 	switch j.mode {
 	case modeLocal:
 		for k := range j.place.Nodes {
-			spec.Node = k
+			boot.Node = k
 			cmd := exec.Command(self, "agent")
 			cmd.Env = append(os.Environ(), jobEnv)
-			if err := j.launch(cmd, fmt.Sprintf("agent of node %d", k), []int{k}, &spec); err != nil {
+			if err := j.launch(cmd, fmt.Sprintf("agent of node %d", k), []int{k}, &boot); err != nil {
 				return err
 			}
 		}
 	case modeSSH:
 		for k, nd := range j.place.Nodes {
-			spec.Node = k
+			boot.Node = k
 			argv := sshCommand(j.cfg.ssh, nd.Host, []string{"env", jobEnv, self, "agent"})
 			cmd := exec.Command(argv[0], argv[1:]...)
-			if err := j.launch(cmd, "ssh "+nd.Host, []int{k}, &spec); err != nil {
+			if err := j.launch(cmd, "ssh "+nd.Host, []int{k}, &boot); err != nil {
 				return err
 			}
 		}
 	case modeSlurm:
-		spec.Node = -1
-		b, err := json.Marshal(spec)
+		boot.Node = -1
+		b, err := json.Marshal(boot)
 		if err != nil {
 			return err
 		}
@@ -58,7 +59,7 @@ func (j *job) startAgents(ctx context.Context, spec agentSpec) error {
 		}
 		argv := srunCommand(hosts, []string{self, "agent"})
 		cmd := exec.Command(argv[0], argv[1:]...)
-		cmd.Env = append(os.Environ(), jobEnv, envAgentSpec+"="+string(b))
+		cmd.Env = append(os.Environ(), jobEnv, envAgentBoot+"="+string(b))
 		j.log.Debug("srun", "args", argv)
 		if err := j.launch(cmd, "srun", all, nil); err != nil {
 			return err
@@ -71,10 +72,10 @@ func (j *job) startAgents(ctx context.Context, spec agentSpec) error {
 // its own (so that a Ctrl-C at the terminal reaches only the launcher, which
 // ends the job in order), its output on the launcher's stderr (that of ssh
 // and srun held back until one of its agents has connected, for the
-// failure report), and spec, if any, on its stdin. If the launcher dies, cmd gets SIGTERM:
+// failure report), and boot, if any, on its stdin. If the launcher dies, cmd gets SIGTERM:
 // an agent then kills its ranks' process groups (SIGKILL would leave what
 // the ranks started), ssh and srun end their remote side.
-func (j *job) launch(cmd *exec.Cmd, what string, nodes []int, spec *agentSpec) error {
+func (j *job) launch(cmd *exec.Cmd, what string, nodes []int, boot *agentBoot) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	// In order with the ranks' output, and never holding up the caller.
 	out := &procLog{w: queueWriter{j.out, 2}, hold: true}
@@ -90,8 +91,8 @@ func (j *job) launch(cmd *exec.Cmd, what string, nodes []int, spec *agentSpec) e
 	// Something cmd started in the background (an ssh control master) may
 	// keep its output open: Wait does not wait for that.
 	cmd.WaitDelay = 5 * time.Second
-	if spec != nil {
-		b, err := json.Marshal(spec)
+	if boot != nil {
+		b, err := json.Marshal(boot)
 		if err != nil {
 			return err
 		}
