@@ -142,8 +142,8 @@ func (j *job) run(ctx context.Context) error {
 		j.out.close(ctx, 0)
 		return err
 	}
-	if j.cfg.agentWait > 0 {
-		j.lateC = time.After(j.cfg.agentWait)
+	if d := j.cfg.agentTimeout(j.mode); d > 0 {
+		j.lateC = time.After(d)
 	}
 	j.loop(ctx)
 	j.out.stopStatus()

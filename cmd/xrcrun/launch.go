@@ -98,8 +98,8 @@ func launchFlags(stderr io.Writer) (*flag.FlagSet, *launchConfig) {
 	fs.StringVar(&c.addr, "addr", "", "the `address` agents and ranks reach the launcher at (default: 127.0.0.1 on one machine, else the address of the route to the first host)")
 	c.grace = 3 * time.Second
 	fs.Var(seconds{&c.grace}, "grace", "how long ranks have between SIGTERM and SIGKILL when the job ends early (a plain number is seconds)")
-	c.agentWait = time.Minute
-	fs.Var(seconds{&c.agentWait}, "agent-timeout", "fail the job if a node agent has not connected to the launcher this long after it was started (ssh or srun could not reach its host); 0: no limit")
+	c.agentWait = -1 // 1m with ssh, no limit under Slurm (launchConfig.agentTimeout)
+	fs.Var(seconds{&c.agentWait}, "agent-timeout", "fail the job if a node agent has not connected to the launcher this long after it was started (ssh could not reach its host, or waits for an answer); default 1m, none under Slurm (srun may wait for the step's resources); 0: no limit")
 	fs.BoolVar(&c.verbose, "v", false, "log what the launcher and agents do")
 	fs.Float64Var(&c.faults.Loss, "loss", 0, "fault injection in the soft HCAs the job starts: probability that a sent packet is dropped")
 	fs.Float64Var(&c.faults.Duplicate, "dup", 0, "fault injection: probability that a sent packet is duplicated")
@@ -160,7 +160,7 @@ func parseLaunch(args []string, stderr io.Writer) (*launchConfig, error) {
 		return nil, errors.New("--nodes emulates nodes on this machine; it does not go with --hostfile or -H")
 	case c.hostfile != "" && c.hosts != "":
 		return nil, errors.New("give --hostfile or -H, not both")
-	case c.timeout < 0 || c.grace < 0 || c.agentWait < 0:
+	case c.timeout < 0 || c.grace < 0 || c.agentWait < 0 && c.agentWait != -1:
 		return nil, errors.New("--timeout, --grace and --agent-timeout must not be negative")
 	}
 	if !oneOf(c.transport, "rc", "xrc", "auto") {
@@ -181,12 +181,26 @@ func parseLaunch(args []string, stderr io.Writer) (*launchConfig, error) {
 	return c, nil
 }
 
+// agentTimeout is how long the node agents of a launch in mode have to
+// connect: --agent-timeout, else a minute, but no limit under Slurm, where
+// srun may wait for its step's resources for as long as they are busy,
+// and says so itself.
+func (c *launchConfig) agentTimeout(mode launchMode) time.Duration {
+	switch {
+	case c.agentWait >= 0:
+		return c.agentWait
+	case mode == modeSlurm:
+		return 0
+	}
+	return time.Minute
+}
+
 // seconds is a duration flag that also takes a plain number of seconds
 // ("10", "2.5"), as mpirun's --timeout does.
 type seconds struct{ d *time.Duration }
 
 func (s seconds) String() string {
-	if s.d == nil {
+	if s.d == nil || *s.d < 0 { // unset: the flag's usage says what applies
 		return "0s"
 	}
 	return s.d.String()

@@ -110,9 +110,20 @@ func TestParseDurations(t *testing.T) {
 			t.Errorf("%q: %v", c.args, err)
 			continue
 		}
-		if cfg.timeout != c.timeout || cfg.grace != c.grace || cfg.agentWait != c.agentWait {
-			t.Errorf("%q: timeout %v grace %v agent-timeout %v, want %v %v %v", c.args, cfg.timeout, cfg.grace, cfg.agentWait,
+		if aw := cfg.agentTimeout(modeSSH); cfg.timeout != c.timeout || cfg.grace != c.grace || aw != c.agentWait {
+			t.Errorf("%q: timeout %v grace %v agent-timeout %v, want %v %v %v", c.args, cfg.timeout, cfg.grace, aw,
 				c.timeout, c.grace, c.agentWait)
+		}
+	}
+	// Under Slurm an agent has as long as srun takes, unless the flag says
+	// otherwise.
+	for args, want := range map[string]time.Duration{"p": 0, "--agent-timeout 20s p": 20 * time.Second} {
+		cfg, err := parseLaunch(strings.Fields(args), io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.agentTimeout(modeSlurm); got != want {
+			t.Errorf("%q under Slurm: agent timeout %v, want %v", args, got, want)
 		}
 	}
 	for _, args := range [][]string{{"--timeout", "10x", "p"}, {"--timeout", "-5", "p"}, {"--grace", "NaN", "p"}, {"--nosuch", "p"}} {

@@ -137,7 +137,7 @@ func (j *job) agentsLate() {
 				where = fmt.Sprintf("node %d", k)
 			}
 			j.nodeLost(k, fmt.Sprintf("node agent on %s did not connect within %v (%s)%s",
-				where, j.cfg.agentWait, p.what, p.out.said()))
+				where, j.cfg.agentTimeout(j.mode), p.what, p.out.said()))
 		}
 		if late && !p.exited {
 			syscall.Kill(-p.pid, syscall.SIGTERM)
