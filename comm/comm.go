@@ -588,12 +588,18 @@ func (c *Comm) probe(src, tag int, take bool) (*inMsg, error) {
 		return nil, err
 	}
 	if take {
-		return e.takeUnexpected(c, r), nil
-	}
-	for _, m := range e.unexpected[c.ctx] {
-		if c.matches(r, m) {
+		if m := e.takeUnexpected(c, r); m != nil {
 			return m, nil
 		}
+	} else {
+		for _, m := range e.unexpected[c.ctx] {
+			if c.matches(r, m) {
+				return m, nil
+			}
+		}
+	}
+	if src != AnySource && e.peerErr[c.ranks[src]] != nil {
+		return nil, e.peerErr[c.ranks[src]] // nothing more will come from it
 	}
 	return nil, nil
 }

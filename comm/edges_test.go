@@ -470,3 +470,91 @@ func TestPeerFailed(t *testing.T) {
 		}
 	}
 }
+
+// TestPeerFailedProbe: once a transport said rank 1's traffic is gone for
+// good, a Probe or Mprobe for rank 1 should fail with its error, as a
+// receive does; they wait until their context ends (probe does not look at
+// peerErr, and PeerFailed does not close e.arrived, so a Probe already
+// waiting is not woken either).
+func TestPeerFailedProbe(t *testing.T) {
+	w := world(t, 2, nil)
+	broken := errors.New("test: ring of rank 1 corrupt")
+	e := w[0].e
+	e.mu.Lock()
+	e.PeerFailed(1, broken)
+	e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := w[0].Probe(ctx, 1, 5); !errors.Is(err, broken) {
+		t.Errorf("Probe of the failed rank: %v, want its error", err)
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel2()
+	if _, err := w[0].Mprobe(ctx2, 1, 5); !errors.Is(err, broken) {
+		t.Errorf("Mprobe of the failed rank: %v, want its error", err)
+	}
+}
+
+// TestPeerFailedRendezvousSend: a rendezvous send to rank 1, announced
+// before the transport said rank 1's traffic is gone, waits for a finish
+// frame that can no longer come: it should fail with the peer's error,
+// but waits until its context ends (PeerFailed looks only at e.posted, not
+// e.sends, nor e.pushes).
+func TestPeerFailedRendezvousSend(t *testing.T) {
+	w := world(t, 2, nil)
+	big, err := w[0].Isend(make([]byte, 1<<20), 1, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := errors.New("test: ring of rank 1 corrupt")
+	e := w[0].e
+	e.mu.Lock()
+	e.PeerFailed(1, broken)
+	e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := big.Wait(ctx); !errors.Is(err, broken) {
+		t.Errorf("rendezvous send to the failed rank: %v, want its error", err)
+	}
+}
+
+// TestPeerFailedPushedReceive: on a node whose large messages are pushed
+// (NoPull), a receive matched to rank 1's message waits in e.pushes for
+// rank 1's data frames. If rank 1's ring is then found corrupt those can
+// never come, yet PeerFailed leaves the receive waiting until its context
+// ends.
+func TestPeerFailedPushedReceive(t *testing.T) {
+	noPull = true
+	w := world(t, 2, nil)
+	noPull = false
+	if _, err := w[1].Isend(make([]byte, 1<<20), 0, 8); err != nil {
+		t.Fatal(err)
+	}
+	r, err := w[0].Irecv(make([]byte, 1<<20), 1, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := w[0].e
+	deadline := time.Now().Add(time.Minute)
+	for {
+		w[0].Iprobe(AnySource, 999) // progress rank 0 only: rank 1 never pushes
+		e.mu.Lock()
+		n := len(e.pushes)
+		e.mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the receive was never waiting for a push")
+		}
+	}
+	broken := errors.New("test: ring of rank 1 corrupt")
+	e.mu.Lock()
+	e.PeerFailed(1, broken)
+	e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := r.Wait(ctx); !errors.Is(err, broken) {
+		t.Errorf("receive being pushed by the failed rank: %v, want its error", err)
+	}
+}

@@ -237,11 +237,14 @@ func (e *engine) pushed(from int, h header, body []byte) {
 	}
 }
 
-// PeerFailed fails the receives posted for a message from rank (a world
-// rank) with err, which a transport says it no longer carries traffic from
-// (shm: its ring was corrupt), and irecv fails later ones; receives from
-// any source stay posted for the others' messages. Progress calls it, with
-// the lock held.
+// PeerFailed fails what waits for rank (a world rank), which a transport
+// says it no longer carries traffic from (shm: its ring was corrupt), with
+// err: the receives posted for a message from it, and later ones (irecv),
+// probes of it once no message of its is queued (probe), the rendezvous
+// sends to it (whose finish cannot come; their buffers go back to their
+// callers though rank might still be reading them) and the receives it was
+// pushing, and the frames queued for it. Receives from any source stay
+// posted for the others' messages. Progress calls it, with the lock held.
 func (e *engine) PeerFailed(rank int, err error) {
 	if e.peerErr == nil {
 		e.peerErr = map[int]error{}
@@ -260,4 +263,9 @@ func (e *engine) PeerFailed(rank int, err error) {
 		clear(q[len(kept):])
 		e.posted[ctx] = kept
 	}
+	qs := e.backlog[rank]
+	delete(e.backlog, rank)
+	e.dropBacklog(rank, qs, err)
+	close(e.arrived) // a probe of rank learns it
+	e.arrived = make(chan struct{})
 }
