@@ -449,10 +449,7 @@ func TestPeerFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	broken := errors.New("test: ring of rank 1 corrupt")
-	e := w[0].e
-	e.mu.Lock()
-	e.PeerFailed(1, broken)
-	e.mu.Unlock()
+	failPeer(w[0], 1, broken)
 	if _, err := from1.Wait(ctx); !errors.Is(err, broken) {
 		t.Fatalf("receive from the failed rank: %v, want its error", err)
 	}
@@ -479,10 +476,7 @@ func TestPeerFailed(t *testing.T) {
 func TestPeerFailedProbe(t *testing.T) {
 	w := world(t, 2, nil)
 	broken := errors.New("test: ring of rank 1 corrupt")
-	e := w[0].e
-	e.mu.Lock()
-	e.PeerFailed(1, broken)
-	e.mu.Unlock()
+	failPeer(w[0], 1, broken)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if _, err := w[0].Probe(ctx, 1, 5); !errors.Is(err, broken) {
@@ -507,10 +501,7 @@ func TestPeerFailedRendezvousSend(t *testing.T) {
 		t.Fatal(err)
 	}
 	broken := errors.New("test: ring of rank 1 corrupt")
-	e := w[0].e
-	e.mu.Lock()
-	e.PeerFailed(1, broken)
-	e.mu.Unlock()
+	failPeer(w[0], 1, broken)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if _, err := big.Wait(ctx); !errors.Is(err, broken) {
@@ -549,12 +540,18 @@ func TestPeerFailedPushedReceive(t *testing.T) {
 		}
 	}
 	broken := errors.New("test: ring of rank 1 corrupt")
-	e.mu.Lock()
-	e.PeerFailed(1, broken)
-	e.mu.Unlock()
+	failPeer(w[0], 1, broken)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if _, err := r.Wait(ctx); !errors.Is(err, broken) {
 		t.Errorf("receive being pushed by the failed rank: %v, want its error", err)
 	}
+}
+
+// failPeer tells c's engine, as a transport would, that world rank no
+// longer reaches it (PeerFailed).
+func failPeer(c *Comm, rank int, err error) {
+	c.e.mu.Lock()
+	defer c.e.mu.Unlock()
+	c.e.PeerFailed(rank, err)
 }

@@ -15,12 +15,13 @@ import (
 	"github.com/xrcrun/xrc/transport"
 )
 
-// nodeOf makes and connects the shm transports of n ranks of one node,
-// each with the Config that cfg makes for its rank.
-func nodeOf(t *testing.T, n int, cfg func(rank int) Config) []*Transport {
+// connectNode makes the shm transports of n ranks of one node, each with
+// the Config that cfg makes for its rank, and connects them to each other
+// and to the peers of other nodes in others.
+func connectNode(t *testing.T, n int, cfg func(rank int) Config, others ...transport.Peer) []*Transport {
 	dir := t.TempDir()
 	ts := make([]*Transport, n)
-	peers := make([]transport.Peer, n)
+	peers := make([]transport.Peer, n, n+len(others))
 	for i := range ts {
 		c := cfg(i)
 		c.Dir, c.JobID, c.Rank, c.LocalRank, c.LocalSize = dir, "j", i, i, n
@@ -36,6 +37,7 @@ func nodeOf(t *testing.T, n int, cfg func(rank int) Config) []*Transport {
 		ts[i] = tr
 		peers[i] = transport.Peer{Rank: i, Node: 0, LocalRank: i, Record: tr.Record()}
 	}
+	peers = append(peers, others...)
 	for _, tr := range ts {
 		if err := tr.Connect(context.Background(), peers); err != nil {
 			t.Fatal(err)
@@ -73,7 +75,7 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 func TestCorruptRingFailsOnlyItsPeer(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var logs bytes.Buffer
-	ts := nodeOf(t, 3, func(rank int) Config {
+	ts := connectNode(t, 3, func(rank int) Config {
 		if rank != 0 {
 			return Config{RingData: 4096}
 		}
@@ -164,7 +166,7 @@ func TestCorruptRingFailsOnlyItsPeer(t *testing.T) {
 // that size to a rank with smaller ones failed with ErrTooLarge.
 func TestMaxEagerMixedRings(t *testing.T) {
 	sizes := []int{1 << 16, 4096, 1 << 14}
-	ts := nodeOf(t, len(sizes), func(rank int) Config { return Config{RingData: sizes[rank]} })
+	ts := connectNode(t, len(sizes), func(rank int) Config { return Config{RingData: sizes[rank]} })
 	for from, tr := range ts {
 		if want := 4096/4 - frameHdr; tr.MaxEager() != want {
 			t.Errorf("rank %d: MaxEager %d, want %d (the smallest ring's)", from, tr.MaxEager(), want)

@@ -2,7 +2,6 @@ package shm
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -33,29 +32,8 @@ func (c *collector) PeerFailed(rank int, err error) {
 // node makes the shm transports of n ranks on one node (and one rank of
 // another node, which they must not reach) and connects them.
 func node(t *testing.T, n int) []*Transport {
-	dir := t.TempDir()
-	ts := make([]*Transport, n)
-	peers := make([]transport.Peer, n+1)
-	for i := range ts {
-		tr, err := New(Config{Dir: dir, JobID: "j", Rank: i, LocalRank: i, LocalSize: n, RingData: 4096})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := tr.Close(); err != nil {
-				t.Error(err)
-			}
-		})
-		ts[i] = tr
-		peers[i] = transport.Peer{Rank: i, Node: 0, LocalRank: i, Record: tr.Record()}
-	}
-	peers[n] = transport.Peer{Rank: n, Node: 1, Record: []byte("elsewhere")}
-	for _, tr := range ts {
-		if err := tr.Connect(context.Background(), peers); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return ts
+	return connectNode(t, n, func(int) Config { return Config{RingData: 4096} },
+		transport.Peer{Rank: n, Node: 1, Record: []byte("elsewhere")})
 }
 
 // TestTransportAllToAll: every rank sends numbered frames to every rank of
