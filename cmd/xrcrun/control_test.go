@@ -310,3 +310,33 @@ func TestSpecForAnotherNode(t *testing.T) {
 		t.Errorf("node 2's agent took node 1's spec: %v", err)
 	}
 }
+
+// TestConnectedAtHello: a node whose agent has proved itself counts as
+// connected for --agent-timeout, before its spec has reached it.
+func TestConnectedAtHello(t *testing.T) {
+	j, control := loopJob(t, 2, 1, io.Discard)
+	c, err := net.Dial("tcp", control)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cc := newAgentConn(c)
+	m, err := cc.recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cc.send(message{T: msgHello, Node: 0, MAC: helloMAC(j.key, j.id, 0, m.Nonce)}); err != nil {
+		t.Fatal(err)
+	}
+	// The agent reads no spec.
+	for deadline := time.Now().Add(time.Minute); !j.hello[0].Load(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("node 0 not connected after its hello")
+		}
+	}
+	j.procs = []*launched{{what: "srun", nodes: []int{0, 1}, exited: true, out: &procLog{}}}
+	j.agentsLate()
+	if len(j.failures) != 1 || j.failures[0].Node != 1 || !strings.Contains(j.failures[0].Detail, "did not connect") {
+		t.Errorf("failures %+v; want node 1's rank, not connected", j.failures)
+	}
+}
