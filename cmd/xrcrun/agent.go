@@ -108,7 +108,7 @@ func (a *agent) run(ctx context.Context) error {
 	if err := a.conn.send(message{T: msgReady, Device: dev.name, Addr: dev.addr, Host: host}); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	ranks := a.spec.Nodes[a.node].Ranks
+	ranks := a.spec.At.Ranks
 	for local, r := range ranks {
 		a.startRank(r, local, len(ranks), dev)
 	}
@@ -181,10 +181,7 @@ func (a *agent) dial(ctx context.Context) error {
 	}
 	sealed, err := a.conn.recvSpec()
 	if err == nil {
-		a.spec, err = openSpec(a.boot.Key, a.boot.JobID, sealed)
-	}
-	if err == nil && a.node >= len(a.spec.Nodes) {
-		err = fmt.Errorf("node %d of a job of %d nodes", a.node, len(a.spec.Nodes))
+		a.spec, err = openSpec(a.boot.Key, a.boot.JobID, a.node, sealed)
 	}
 	if err != nil {
 		c.Close()

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ func blameJob(served error) *job {
 		}
 		j.place.Ranks = append(j.place.Ranks, rs)
 	}
+	j.hello = make([]atomic.Bool, 2)
 	j.conns = make([]*ctrlConn, 2)
 	j.trackRanks(8)
 	j.out = newOutput(io.Discard, io.Discard, false, nil)

@@ -22,8 +22,8 @@ import (
 // connection per agent, which the agent opens to the launcher, carrying
 // JSON messages one per line. The launcher opens with a challenge; the
 // agent answers with its node and an HMAC of the challenge under the job's
-// key. The launcher then sends the agent its spec, sealed under the key, in
-// pieces (spec). Then the agent reports (ready, started, out, exit, fail)
+// key. The launcher then sends the agent its spec, sealed under the key and
+// bound to its node, in pieces (spec). Then the agent reports (ready, started, out, exit, fail)
 // and the launcher commands (term, kill, signal, bye). When the connection
 // closes, the agent kills its ranks and exits: no rank outlives its
 // launcher.
@@ -144,16 +144,19 @@ func helloMAC(key []byte, jobID string, node int, nonce []byte) []byte {
 // The spec travels sealed with AES-GCM under a key derived from the job's:
 // the control connection is plain TCP, and the spec says what the agent
 // runs (only the launcher may say that) and holds the -x variables (which
-// only the job may read). It comes in pieces of specChunk bytes, so that a
-// message stays within maxLine however large the job.
-const specChunk = 512 << 10 // base64 in JSON: about 700 KB a message
+// only the job may read). Each agent gets a spec of its own, with its
+// node's entry only, sealed with its node number as associated data: the
+// launcher's traffic grows with the number of nodes, not its square, and a
+// spec sealed for one node does not open on another. It comes in pieces of
+// specChunk bytes, so that a message stays within maxLine.
+const specChunk = 64 << 10 // base64 in JSON: about 90 KB a message
 
 // maxSpec bounds a sealed spec: the launcher does not send a larger one, an
-// agent takes no more. specTimeout bounds the wait for each piece of it.
+// agent takes no more. specTimeout bounds the wait for the whole of it.
 // Variables for tests.
 var (
-	maxSpec     = 256 << 20
-	specTimeout = time.Minute
+	maxSpec     = 64 << 20
+	specTimeout = 2 * time.Minute
 )
 
 // specAEAD is the cipher that seals the spec of job under key.
@@ -167,8 +170,14 @@ func specAEAD(key []byte, jobID string) (cipher.AEAD, error) {
 	return cipher.NewGCM(b)
 }
 
+// specAD is the associated data of node's spec: it binds the spec to the
+// node it was sealed for.
+func specAD(node int) []byte {
+	return []byte("xrcrun spec for node " + strconv.Itoa(node))
+}
+
 // sealSpec is spec, without its key, encrypted and authenticated under
-// key: a random nonce followed by the sealed JSON.
+// key for node spec.Node: a random nonce followed by the sealed JSON.
 func sealSpec(key []byte, spec agentSpec) ([]byte, error) {
 	spec.Key = nil
 	b, err := json.Marshal(spec)
@@ -180,16 +189,16 @@ func sealSpec(key []byte, spec agentSpec) ([]byte, error) {
 		return nil, err
 	}
 	if n := aead.NonceSize() + len(b) + aead.Overhead(); n > maxSpec {
-		return nil, fmt.Errorf("the agents' spec is %d bytes, more than %d (the program's arguments, -x, the nodes' ranks)", n, maxSpec)
+		return nil, fmt.Errorf("the spec of node %d is %d bytes, more than %d (the program's arguments, -x, the node's ranks)", spec.Node, n, maxSpec)
 	}
 	nonce := make([]byte, aead.NonceSize(), aead.NonceSize()+len(b)+aead.Overhead())
 	rand.Read(nonce)
-	return aead.Seal(nonce, nonce, b, nil), nil
+	return aead.Seal(nonce, nonce, b, specAD(spec.Node)), nil
 }
 
-// openSpec checks and decrypts what sealSpec sealed for the job; the spec
-// gets the key.
-func openSpec(key []byte, jobID string, sealed []byte) (agentSpec, error) {
+// openSpec checks and decrypts what sealSpec sealed for node of the job;
+// the spec gets the key.
+func openSpec(key []byte, jobID string, node int, sealed []byte) (agentSpec, error) {
 	var spec agentSpec
 	aead, err := specAEAD(key, jobID)
 	if err != nil {
@@ -199,15 +208,18 @@ func openSpec(key []byte, jobID string, sealed []byte) (agentSpec, error) {
 		return spec, errors.New("spec: too short")
 	}
 	ns := aead.NonceSize()
-	b, err := aead.Open(nil, sealed[:ns], sealed[ns:], nil)
+	b, err := aead.Open(nil, sealed[:ns], sealed[ns:], specAD(node))
 	if err != nil {
-		return spec, errors.New("spec: not sealed with the job's key")
+		return spec, fmt.Errorf("spec: not sealed with the job's key for node %d", node)
 	}
 	if err := json.Unmarshal(b, &spec); err != nil {
 		return spec, fmt.Errorf("spec: %w", err)
 	}
 	if spec.JobID != jobID {
 		return spec, fmt.Errorf("spec: of job %q, not %q", spec.JobID, jobID)
+	}
+	if spec.Node != node || node >= spec.Nodes {
+		return spec, fmt.Errorf("spec: of node %d of %d, not %d", spec.Node, spec.Nodes, node)
 	}
 	spec.Key = key
 	return spec, nil
@@ -229,18 +241,21 @@ func (c *ctrlConn) sendSpec(sealed []byte) error {
 }
 
 // recvSpec receives the pieces of a sealed spec: at most maxSpec bytes,
-// each piece within specTimeout.
+// all within specTimeout. Every piece but the last has data.
 func (c *ctrlConn) recvSpec() ([]byte, error) {
 	defer c.c.SetReadDeadline(time.Time{})
+	c.c.SetReadDeadline(time.Now().Add(specTimeout))
 	var sealed []byte
 	for {
-		c.c.SetReadDeadline(time.Now().Add(specTimeout))
 		m, err := c.recv()
 		if err != nil {
 			return nil, fmt.Errorf("receive the spec: %w", err)
 		}
 		if m.T != msgSpec {
 			return nil, fmt.Errorf("receive the spec: got %q", m.T)
+		}
+		if len(m.Data) == 0 && !m.Last {
+			return nil, errors.New("receive the spec: an empty piece")
 		}
 		if len(m.Data) > maxSpec-len(sealed) {
 			return nil, fmt.Errorf("receive the spec: more than %d bytes", maxSpec)
@@ -265,16 +280,20 @@ type agentBoot struct {
 	Verbose bool   `json:"verbose,omitempty"`
 }
 
-// agentSpec is what an agent is told once it has connected: the job, the
-// nodes, and how to run its node's ranks. The launcher sends it sealed
+// agentSpec is what an agent is told once it has connected: the job, its
+// node, and how to run its node's ranks. The launcher sends it sealed
 // (sealSpec) after the agent's hello, without the key, which the agent
-// has already.
+// has already. It holds the agent's node only, not the others: their
+// count is all an agent needs of them (ranks find each other through the
+// bootstrap server).
 type agentSpec struct {
 	JobID     string   `json:"job"`
 	Key       []byte   `json:"key,omitempty"` // from agentBoot; never sent
 	Bootstrap string   `json:"bootstrap"`     // the rendezvous server, host:port
-	Nodes     []nodeAt `json:"nodes"`
-	Size      int      `json:"size"`
+	Node      int      `json:"node"`          // the agent's node number
+	At        nodeAt   `json:"at"`            // the agent's node
+	Nodes     int      `json:"nodes"`         // the number of nodes of the job
+	Size      int      `json:"size"`          // the number of ranks of the job
 	Program   string   `json:"program"`
 	Args      []string `json:"args"`
 	Dir       string   `json:"dir"` // the ranks' working directory, if it exists on the node
@@ -296,7 +315,7 @@ type agentSpec struct {
 	Faults softhca.Faults `json:"faults"`
 }
 
-// nodeAt is a node of the job as agents see it.
+// nodeAt is a node of the job as its agent sees it.
 type nodeAt struct {
 	Host  string `json:"host,omitempty"` // the host; empty: this machine
 	Addr  string `json:"addr,omitempty"` // the soft HCA's address, if the launcher chose it

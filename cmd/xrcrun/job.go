@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -34,11 +35,15 @@ type job struct {
 	events chan event
 	quit   chan struct{} // closed when the loop is over
 	rdv    *bootstrap.Server
-	sealed []byte      // the agents' spec, sealed (sealSpec); sent by accept
-	served chan error  // what rdv.Serve returned
-	conns  []*ctrlConn // by node, once connected
-	procs  []*launched
-	out    *output // the ranks' output, and the status line
+	spec   agentSpec // what every agent is told; nodeSpec adds its node's part
+	// nodeAddr is the soft HCA address the launcher chose for node k; nil:
+	// none, the agents choose.
+	nodeAddr func(k int) string
+	served   chan error    // what rdv.Serve returned
+	hello    []atomic.Bool // by node: its agent proved itself (accept); its spec may be on the way
+	conns    []*ctrlConn   // by node, once its agent has its spec
+	procs    []*launched
+	out      *output // the ranks' output, and the status line
 
 	ready, started, done int
 	rankDone             []bool
@@ -64,7 +69,8 @@ type launched struct {
 type eventKind int
 
 const (
-	evConnected eventKind = iota // an agent proved itself: node, conn
+	evConnected eventKind = iota // an agent proved itself and has its spec: node, conn
+	evNoSpec                     // node's agent proved itself, but did not get its spec: err
 	evMessage                    // node sent msg
 	evGone                       // node's connection ended: err
 	evExited                     // proc exited: err
@@ -112,17 +118,27 @@ func (j *job) run(ctx context.Context) error {
 	j.served = make(chan error, 1)
 	go func() { j.served <- j.rdv.Serve(rctx) }()
 
-	spec, cleanup, err := j.spec()
+	spec, cleanup, err := j.makeSpec()
 	if err != nil {
 		return err
 	}
 	defer cleanup()
-	if j.sealed, err = sealSpec(j.key, spec); err != nil {
+	j.spec = spec
+	// Each agent's spec is sealed when it says hello; the largest one now,
+	// to fail before starting agents.
+	largest := 0
+	for k, rs := range j.place.Ranks {
+		if len(rs) > len(j.place.Ranks[largest]) {
+			largest = k
+		}
+	}
+	if _, err := sealSpec(j.key, j.nodeSpec(largest)); err != nil {
 		return fmt.Errorf("launcher: %w", err)
 	}
 	j.events = make(chan event, 256)
 	j.quit = make(chan struct{})
 	defer close(j.quit)
+	j.hello = make([]atomic.Bool, len(j.place.Nodes))
 	j.conns = make([]*ctrlConn, len(j.place.Nodes))
 	j.trackRanks(len(j.place.Node))
 	j.out = newOutput(j.stdout, j.stderr, j.cfg.tag, newStatusLine(j.stderr))
@@ -182,18 +198,16 @@ func (j *job) controlHost(ctx context.Context) (string, error) {
 	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
 }
 
-// spec is what every agent is told once connected; cleanup removes the
-// runtime directory of a job on this machine.
-func (j *job) spec() (agentSpec, func(), error) {
+// makeSpec is what every agent is told once connected, but its node's
+// part (nodeSpec); cleanup removes the runtime directory of a job on this
+// machine.
+func (j *job) makeSpec() (agentSpec, func(), error) {
 	cwd, _ := os.Getwd()
 	s := agentSpec{
 		JobID: j.id, Bootstrap: j.rdv.Addr(), Size: len(j.place.Node),
 		Program: j.program, Args: j.cfg.args, Dir: cwd, Env: j.cfg.env.resolve(os.LookupEnv),
 		Transport: j.cfg.transport, Connect: j.cfg.connect, Grace: j.cfg.grace,
-		Faults: j.cfg.faults,
-	}
-	for k, nd := range j.place.Nodes {
-		s.Nodes = append(s.Nodes, nodeAt{Host: nd.Host, Ranks: j.place.Ranks[k]})
+		Faults: j.cfg.faults, Nodes: len(j.place.Nodes),
 	}
 	cleanup := func() {}
 	if j.mode == modeLocal {
@@ -205,11 +219,23 @@ func (j *job) spec() (agentSpec, func(), error) {
 		s.RuntimeDir = dir
 		s.Emulated = j.cfg.nodes > 0
 		s.AddrFallback = j.cfg.baseAddr == ""
-		for k := range s.Nodes {
-			s.Nodes[k].Addr = emulatedAddr(j.cfg.baseAddr, k).String()
-		}
+		base := j.cfg.baseAddr
+		j.nodeAddr = func(k int) string { return emulatedAddr(base, k).String() }
 	}
 	return s, cleanup, nil
+}
+
+// nodeSpec is the spec of node k's agent: j.spec and the node's entry,
+// nothing of the other nodes, so that what the launcher sends grows with
+// the number of nodes, not its square.
+func (j *job) nodeSpec(k int) agentSpec {
+	s := j.spec
+	s.Node, s.Nodes = k, len(j.place.Nodes)
+	s.At = nodeAt{Host: j.place.Nodes[k].Host, Ranks: j.place.Ranks[k]}
+	if j.nodeAddr != nil {
+		s.At.Addr = j.nodeAddr(k)
+	}
+	return s
 }
 
 // emulatedAddr is the address of emulated node k: base plus k, or
@@ -248,9 +274,23 @@ func (j *job) accept(ln net.Listener) {
 				c.Close()
 				return
 			}
-			if err := cc.sendSpec(j.sealed); err != nil {
+			// The node's agent has connected (--agent-timeout), though
+			// its spec is still to come.
+			if !j.hello[m.Node].CompareAndSwap(false, true) {
+				j.log.Warn("a second agent for a node; refused", "node", m.Node)
+				c.Close()
+				return
+			}
+			// Sealed now, dropped once sent: the launcher holds the specs
+			// of the agents it is sending them to, not of every node.
+			sealed, err := sealSpec(j.key, j.nodeSpec(m.Node))
+			if err == nil {
+				err = cc.sendSpec(sealed)
+			}
+			if err != nil {
 				j.log.Warn("could not send an agent its spec", "node", m.Node, "err", err)
 				c.Close()
+				j.post(event{kind: evNoSpec, node: m.Node, err: err})
 				return
 			}
 			c.SetDeadline(time.Time{})

@@ -117,6 +117,8 @@ func (j *job) handle(ev event) {
 		j.broadcast(message{T: msgSignal, Signal: int(ev.sig)})
 	case evGone:
 		j.nodeLost(ev.node, "its node agent went away")
+	case evNoSpec:
+		j.nodeLost(ev.node, "its node agent did not get its spec: "+ev.err.Error())
 	case evExited:
 		ev.proc.exited = true
 		j.log.Debug("process exited", "what", ev.proc.what, "err", ev.err)
@@ -126,7 +128,7 @@ func (j *job) handle(ev event) {
 		time.AfterFunc(2*time.Second, func() { j.post(ev) })
 	case evUnseen:
 		for _, k := range ev.proc.nodes {
-			if j.conns[k] == nil && !j.byeSent {
+			if !j.hello[k].Load() && !j.byeSent {
 				detail := "its node agent exited before it connected"
 				if ev.err != nil {
 					detail += " (" + ev.proc.what + ": " + ev.err.Error() + ")"

@@ -64,6 +64,7 @@ func loopJob(t *testing.T, nodes, ppn int, stdout io.Writer) (*job, string) {
 	j.rdv = rdv
 	j.events = make(chan event, 256)
 	j.quit = make(chan struct{})
+	j.hello = make([]atomic.Bool, nodes)
 	j.conns = make([]*ctrlConn, nodes)
 	j.trackRanks(len(j.place.Node))
 	j.out = newOutput(stdout, io.Discard, false, nil)

@@ -117,7 +117,7 @@ func kernelDevice() (string, bool) {
 // loopback address, random loopback addresses after it, so that jobs on one
 // machine never collide.
 func hcaAddrs(ctx context.Context, spec agentSpec, node int) ([]netip.Addr, error) {
-	at := spec.Nodes[node]
+	at := spec.At
 	var first netip.Addr
 	switch {
 	case at.Addr != "":

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -173,6 +174,7 @@ func TestLostNodeFlushesOutput(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	j := &job{cfg: &launchConfig{grace: time.Second}, log: slog.New(slog.DiscardHandler), stdout: &stdout, stderr: &stderr}
 	j.place = placement{Nodes: []node{{}}, Ranks: [][]int{{0}}, Node: []int{0}}
+	j.hello = make([]atomic.Bool, 1)
 	j.conns = make([]*ctrlConn, 1)
 	j.trackRanks(1)
 	j.out = newOutput(&stdout, &stderr, false, newStatusLine(&stderr))

@@ -86,7 +86,7 @@ func zombie(pid int) bool {
 func (a *agent) startRank(r, local, size int, dev *nodeDevice) {
 	s := a.spec
 	env := bootstrap.Env{
-		Rank: r, Size: s.Size, LocalRank: local, LocalSize: size, Node: a.node, Nodes: len(s.Nodes),
+		Rank: r, Size: s.Size, LocalRank: local, LocalSize: size, Node: a.node, Nodes: s.Nodes,
 		Addr: s.Bootstrap, Key: s.Key, JobID: s.JobID, Transport: s.Transport, Connect: s.Connect, Device: dev.name,
 	}
 	cmd := exec.Command(s.Program, s.Args...)

@@ -57,6 +57,10 @@ func slurmFromEnv(getenv func(string) string) (slurmAlloc, bool, error) {
 // to: a garbled one must not take the launcher's memory.
 const maxHosts = 1 << 20
 
+// maxRange is the most hosts one range of a host list may name, as for
+// Slurm (MAX_RANGE in its hostlist.c: "Too many hosts in range").
+const maxRange = 1 << 16
+
 // expandHostlist expands a Slurm host list: "node[01-03,7],gpu1" is node01,
 // node02, node03, node7, gpu1. Brackets may appear in several parts of a
 // name ("r[1-2]n[1-2]" is r1n1, r1n2, r2n1, r2n2); ranges keep the width of
@@ -131,8 +135,8 @@ func expandHost(item string) ([]string, error) {
 		if err1 != nil || err2 != nil || a > b || lo == "" {
 			return nil, fmt.Errorf("bad range %q in %q", r, item)
 		}
-		if b-a > 1<<16 {
-			return nil, fmt.Errorf("range %q in %q is too large", r, item)
+		if b-a >= maxRange {
+			return nil, fmt.Errorf("range %q in %q is too large: more than %d hosts", r, item, maxRange)
 		}
 		width := 0
 		if len(lo) > 1 && lo[0] == '0' {
@@ -204,7 +208,8 @@ func slurmNodeIndex(getenv func(string) string) (int, error) {
 
 // compressHostlist is a Slurm host list of hosts, in their order:
 // consecutive numbers at the end of names with the same prefix make
-// ranges ("n01,n02,n03,n7" is "n[01-03,7]"). expandHostlist undoes it.
+// ranges ("n01,n02,n03,n7" is "n[01-03,7]") of at most maxRange hosts.
+// expandHostlist undoes it.
 func compressHostlist(hosts []string) string {
 	type run struct {
 		prefix   string
@@ -224,7 +229,7 @@ func compressHostlist(hosts []string) string {
 			continue
 		}
 		if k := len(runs) - 1; k >= 0 && runs[k].numbered && runs[k].prefix == h[:i] && runs[k].hi < n &&
-			fmt.Sprintf("%0*d", runs[k].width, runs[k].hi+1) == h[i:] {
+			runs[k].hi-runs[k].lo+1 < maxRange && fmt.Sprintf("%0*d", runs[k].width, runs[k].hi+1) == h[i:] {
 			runs[k].hi++
 			continue
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
@@ -122,5 +123,66 @@ func TestCompressHostlist(t *testing.T) {
 	}
 	if len(list) > 1000 {
 		t.Errorf("compressed to %d bytes", len(list))
+	}
+}
+
+// TestCompressHostlistProperty: expandHostlist(compressHostlist(h)) == h for
+// random lists mixing padded and unpadded numbers, several digit groups,
+// names without digits, duplicates and any order.
+func TestCompressHostlistProperty(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	prefixes := []string{"n", "node", "r1n", "r2n", "gpu-", "a1b", "x", ""}
+	for iter := range 20000 {
+		var hosts []string
+		for range 1 + rng.IntN(12) {
+			switch rng.IntN(6) {
+			case 0:
+				hosts = append(hosts, []string{"login", "head", "a-b"}[rng.IntN(3)])
+			case 1:
+				if len(hosts) > 0 {
+					hosts = append(hosts, hosts[rng.IntN(len(hosts))]) // duplicate
+					continue
+				}
+				fallthrough
+			default:
+				p := prefixes[rng.IntN(len(prefixes))]
+				if p == "" {
+					p = "z"
+				}
+				n := rng.IntN(120)
+				w := rng.IntN(4)
+				hosts = append(hosts, fmt.Sprintf("%s%0*d", p, w, n))
+				for range rng.IntN(4) { // a run
+					n++
+					hosts = append(hosts, fmt.Sprintf("%s%0*d", p, w, n))
+				}
+			}
+		}
+		list := compressHostlist(hosts)
+		back, err := expandHostlist(list)
+		if err != nil || !reflect.DeepEqual(back, hosts) {
+			t.Fatalf("iteration %d: %q compressed to %q expands to %q, %v", iter, hosts, list, back, err)
+		}
+	}
+}
+
+// TestCompressHostlistLongRun: a run of more than maxRange consecutive
+// nodes is split into ranges that expandHostlist (and Slurm, whose
+// hostlist.c has MAX_RANGE 64K hosts) takes.
+func TestCompressHostlistLongRun(t *testing.T) {
+	var hosts []string
+	for i := range 140000 {
+		hosts = append(hosts, fmt.Sprintf("node%06d", i))
+	}
+	list := compressHostlist(hosts)
+	if want := "node[000000-065535,065536-131071,131072-139999]"; list != want {
+		t.Errorf("compressHostlist(140000 nodes) = %q, want %q", list, want)
+	}
+	back, err := expandHostlist(list)
+	if err != nil || !reflect.DeepEqual(back, hosts) {
+		t.Errorf("%q expands to %d hosts, %v", list, len(back), err)
+	}
+	if _, err := expandHostlist("node[000000-065536]"); err == nil {
+		t.Error("expanded a range of 65537 hosts")
 	}
 }

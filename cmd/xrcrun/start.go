@@ -128,7 +128,7 @@ func (j *job) agentsLate() {
 	for _, p := range j.procs {
 		late := false
 		for _, k := range p.nodes {
-			if j.conns[k] != nil {
+			if j.hello[k].Load() { // connected, though its spec may still be on the way
 				continue
 			}
 			late = true
