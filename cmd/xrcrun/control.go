@@ -74,13 +74,19 @@ const maxLine = 1 << 20
 // that stopped reading is gone. A variable for tests.
 var ctrlWriteTimeout = time.Minute
 
-// ctrlConn is one end of a control connection; send is safe for
+// ctrlConn is one end of a control connection; send and post are safe for
 // concurrent use, recv is for one reader.
 type ctrlConn struct {
 	c       net.Conn
 	mu      sync.Mutex // serializes send
 	sc      *bufio.Scanner
 	timeout time.Duration // bounds a send; 0: none
+
+	// What post queues, for a goroutine of its own to send.
+	qmu     sync.Mutex
+	q       []message // guarded by qmu
+	sending bool      // the sender goroutine runs; guarded by qmu
+	qdone   bool      // a send failed: post drops; guarded by qmu
 }
 
 // newCtrlConn is the launcher's end of a control connection: a send waits
@@ -115,6 +121,49 @@ func (c *ctrlConn) send(m message) error {
 	}
 	_, err = c.c.Write(append(b, '\n'))
 	return err
+}
+
+// post queues m to be sent by a goroutine of the connection's own, so
+// that the launcher's loop never waits for an agent that does not read its
+// commands (its host stopped, the agent is stopped): with one send after
+// another, each waited up to ctrlWriteTimeout, for every such agent. A
+// send that fails closes the connection, whose reader then reports the
+// agent gone.
+func (c *ctrlConn) post(m message) {
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	if c.qdone {
+		return
+	}
+	c.q = append(c.q, m)
+	if !c.sending {
+		c.sending = true
+		go c.sendQueued()
+	}
+}
+
+// sendQueued sends what post queued, in order, until the queue is empty.
+func (c *ctrlConn) sendQueued() {
+	for {
+		c.qmu.Lock()
+		q := c.q
+		c.q = nil
+		if len(q) == 0 || c.qdone {
+			c.sending = false
+			c.qmu.Unlock()
+			return
+		}
+		c.qmu.Unlock()
+		for _, m := range q {
+			if err := c.send(m); err != nil {
+				c.qmu.Lock()
+				c.qdone, c.q, c.sending = true, nil, false
+				c.qmu.Unlock()
+				c.c.Close()
+				return
+			}
+		}
+	}
 }
 
 func (c *ctrlConn) recv() (message, error) {

@@ -340,3 +340,35 @@ func TestConnectedAtHello(t *testing.T) {
 		t.Errorf("failures %+v; want node 1's rank, not connected", j.failures)
 	}
 }
+
+// TestBroadcastDoesNotWait: an agent that does not read its commands (its
+// host stopped) does not hold up the launcher's loop, nor the commands to
+// the other agents. The loop sent to each in turn, and waited up to
+// ctrlWriteTimeout (a minute) for every such agent.
+func TestBroadcastDoesNotWait(t *testing.T) {
+	stuck, stuckPeer := net.Pipe() // a pipe has no buffer: a send waits for a read
+	defer stuckPeer.Close()
+	good, goodPeer := net.Pipe()
+	defer goodPeer.Close()
+	j := &job{log: slog.New(slog.DiscardHandler), conns: []*ctrlConn{newCtrlConn(stuck), newCtrlConn(good)}}
+	defer j.conns[0].close()
+	defer j.conns[1].close()
+	done := make(chan struct{})
+	go func() {
+		j.broadcast(message{T: msgTerm})
+		j.broadcast(message{T: msgKill})
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("broadcast waits for an agent that does not read")
+	}
+	peer := newCtrlConn(goodPeer)
+	for _, want := range []string{msgTerm, msgKill} {
+		m, err := peer.recv()
+		if err != nil || m.T != want {
+			t.Fatalf("the agent that reads got %+v, %v; want %s", m, err, want)
+		}
+	}
+}

@@ -29,6 +29,7 @@ type job struct {
 	place   placement
 	program string
 	log     *slog.Logger
+	logw    *logWriter // where log writes, if the launcher set it (nil in tests)
 	stdout  io.Writer
 	stderr  io.Writer
 
@@ -142,6 +143,9 @@ func (j *job) run(ctx context.Context) error {
 	j.conns = make([]*ctrlConn, len(j.place.Nodes))
 	j.trackRanks(len(j.place.Node))
 	j.out = newOutput(j.stdout, j.stderr, j.cfg.tag, newStatusLine(j.stderr))
+	if j.logw != nil {
+		j.logw.set(queueWriter{j.out, 2})
+	}
 	go j.accept(ln)
 	defer func() {
 		for _, c := range j.conns {
@@ -155,7 +159,7 @@ func (j *job) run(ctx context.Context) error {
 	boot := agentBoot{JobID: j.id, Key: j.key, Control: ln.Addr().String(), Verbose: j.cfg.verbose}
 	if err := j.startAgents(ctx, boot); err != nil {
 		j.killProcs()
-		j.out.close(ctx, 0)
+		j.closeOutput(ctx, 0)
 		return err
 	}
 	if d := j.cfg.agentTimeout(j.mode); d > 0 {
@@ -165,7 +169,7 @@ func (j *job) run(ctx context.Context) error {
 	j.out.stopStatus()
 	// The ranks' output is written before the launcher reports and exits;
 	// if the user asks to stop meanwhile, for at most the grace period.
-	j.out.close(ctx, j.cfg.grace)
+	j.closeOutput(ctx, j.cfg.grace)
 	j.blameCulprit()
 	if err := failureReport(j.failures); err != nil {
 		return err
@@ -323,6 +327,15 @@ func (j *job) read(node int, c *ctrlConn) {
 		if !j.post(event{kind: evMessage, node: node, msg: m}) {
 			return
 		}
+	}
+}
+
+// closeOutput writes what output holds (output.close) and sends the log
+// to stderr again.
+func (j *job) closeOutput(ctx context.Context, grace time.Duration) {
+	j.out.close(ctx, grace)
+	if j.logw != nil {
+		j.logw.set(j.stderr)
 	}
 }
 

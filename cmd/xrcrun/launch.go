@@ -14,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/xrcrun/xrc/softhca"
@@ -241,7 +242,8 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if c.verbose {
 		level = slog.LevelDebug
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	logw := &logWriter{w: stderr}
+	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level}))
 	mode, nodes, err := c.where(os.Getenv)
 	if err != nil {
 		return err
@@ -264,7 +266,7 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer cleanup()
-	j := &job{cfg: c, mode: mode, id: id, key: key, place: p, program: prog, log: log, stdout: stdout, stderr: stderr}
+	j := &job{cfg: c, mode: mode, id: id, key: key, place: p, program: prog, log: log, logw: logw, stdout: stdout, stderr: stderr}
 	return j.run(ctx)
 }
 
@@ -332,4 +334,25 @@ func newJobID() (string, []byte) {
 	b := make([]byte, 4+32)
 	rand.Read(b)
 	return hex.EncodeToString(b[:4]), b[4:]
+}
+
+// logWriter is where the launcher's log goes: stderr, and while the job
+// runs the job's output writer (queueWriter), in order with the ranks'
+// output and never holding up the loop that logs.
+type logWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *logWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	w := l.w
+	l.mu.Unlock()
+	return w.Write(b)
+}
+
+func (l *logWriter) set(w io.Writer) {
+	l.mu.Lock()
+	l.w = w
+	l.mu.Unlock()
 }

@@ -107,9 +107,9 @@ func (j *job) handle(ev event) {
 		j.log.Debug("agent connected", "node", ev.node)
 		switch {
 		case j.byeSent:
-			ev.conn.send(message{T: msgBye})
+			ev.conn.post(message{T: msgBye})
 		case j.ending:
-			ev.conn.send(message{T: msgTerm})
+			ev.conn.post(message{T: msgTerm})
 		}
 	case evMessage:
 		j.message(ev.node, ev.msg)
@@ -215,13 +215,11 @@ func (j *job) end(cause error) {
 	j.killC = time.After(j.cfg.grace + 2*time.Second)
 }
 
-// broadcast sends m to every connected agent.
+// broadcast sends m to every connected agent, without waiting (post).
 func (j *job) broadcast(m message) {
-	for k, c := range j.conns {
+	for _, c := range j.conns {
 		if c != nil {
-			if err := c.send(m); err != nil {
-				j.log.Debug("send to agent", "node", k, "err", err)
-			}
+			c.post(m)
 		}
 	}
 }

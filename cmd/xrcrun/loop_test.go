@@ -271,3 +271,34 @@ func TestInterruptWhileOutputHeld(t *testing.T) {
 		t.Errorf("cause %v, failures %v", j.cause, failureReport(j.failures))
 	}
 }
+
+// TestLogWhileOutputHeld: while nobody reads the launcher's stderr, the
+// launcher's log (its loop logs a lost node, a refused agent) waits in the
+// output's queue and does not hold up the caller; it comes out in order
+// once stderr is read again.
+func TestLogWhileOutputHeld(t *testing.T) {
+	stderr := newHeldWriter()
+	o := newOutput(io.Discard, stderr, false, nil)
+	lw := &logWriter{w: queueWriter{o, 2}}
+	log := slog.New(slog.NewTextHandler(lw, nil))
+	done := make(chan struct{})
+	go func() {
+		for i := range 100 {
+			log.Warn("line", "i", i)
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("logging waits for a stderr nobody reads")
+	}
+	stderr.release()
+	o.close(context.Background(), 0)
+	stderr.mu.Lock()
+	n := bytes.Count(stderr.b.Bytes(), []byte("msg=line"))
+	stderr.mu.Unlock()
+	if n != 100 {
+		t.Fatalf("%d log lines written, want 100", n)
+	}
+}
