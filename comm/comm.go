@@ -760,7 +760,9 @@ func (c *Comm) usable() error {
 // on c have been received, as MPI_Comm_free asks; while receives are
 // still posted on c, messages wait there unreceived, large sends on c
 // wait for their receivers or non-blocking collectives on c run, Free
-// frees nothing and says so. A message Mprobe took may still be
+// frees nothing and says so. Messages of c's collectives that this rank
+// never took (its part failed or was cancelled) are dropped, their large
+// senders released. A message Mprobe took may still be
 // received. The world
 // cannot be freed (Finalize ends it).
 func (c *Comm) Free() error {
@@ -773,23 +775,24 @@ func (c *Comm) Free() error {
 	if err := c.usable(); err != nil {
 		return err
 	}
+	if c.jobs > 0 {
+		return fmt.Errorf("comm: free: %d non-blocking collectives on the communicator still running", c.jobs)
+	}
 	ctxs := []uint32{c.ctx, c.ctx | collBit}
 	for _, ctx := range ctxs {
 		if n := len(e.posted[ctx]); n > 0 {
 			return fmt.Errorf("comm: free: %d receives still posted on the communicator", n)
 		}
-		if n := len(e.unexpected[ctx]); n > 0 {
-			return fmt.Errorf("comm: free: %d messages on the communicator not received", n)
-		}
+	}
+	if n := len(e.unexpected[c.ctx]); n > 0 {
+		return fmt.Errorf("comm: free: %d messages on the communicator not received", n)
 	}
 	for _, r := range e.sends {
 		if r.c == c || r.c != nil && r.c == c.collComm {
 			return errors.New("comm: free: a send on the communicator waits for its receiver")
 		}
 	}
-	if c.jobs > 0 {
-		return fmt.Errorf("comm: free: %d non-blocking collectives on the communicator still running", c.jobs)
-	}
+	e.dropCollective(c)
 	for _, ctx := range ctxs {
 		delete(e.posted, ctx)
 		delete(e.unexpected, ctx)

@@ -555,3 +555,68 @@ func failPeer(c *Comm, rank int, err error) {
 	defer c.e.mu.Unlock()
 	c.e.PeerFailed(rank, err)
 }
+
+// TestFreeAfterFailedCollective: rank 0's part of a Bcast on a duplicate
+// fails (its context has ended) while the root's goes on and sends it the
+// data, small and large. Rank 0 can still free the communicator: the
+// messages no call can take are dropped, and the root's large send, which
+// waited for rank 0 to take it, completes. Free refused ("messages on the
+// communicator not received") and the root's Bcast waited for good.
+func TestFreeAfterFailedCollective(t *testing.T) {
+	for _, size := range []int{16, 1 << 20} {
+		t.Run(fmt.Sprint(size), func(t *testing.T) {
+			w := world(t, 2, nil)
+			var dups [2]*Comm
+			each(t, w, func(ctx context.Context, c *Comm) error {
+				d, err := c.Dup(ctx)
+				dups[c.Rank()] = d
+				return err
+			})
+			failed := make(chan struct{})
+			each(t, w, func(ctx context.Context, c *Comm) error {
+				d := dups[c.Rank()]
+				buf := make([]byte, size)
+				if c.Rank() == 1 {
+					select {
+					case <-failed: // the root sends once rank 0's part has failed
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+					if err := d.Bcast(ctx, buf, 1); err != nil { // completes once rank 0 frees d
+						return err
+					}
+					if err := d.Free(); err != nil {
+						return err
+					}
+					return c.Barrier(ctx)
+				}
+				gone, cancel := context.WithCancel(ctx)
+				cancel()
+				err := d.Bcast(gone, buf, 1)
+				close(failed)
+				if err == nil {
+					return errors.New("bcast with an ended context succeeded")
+				}
+				// Wait until the root's message is here, unreceived.
+				e := c.e
+				for {
+					c.Iprobe(AnySource, 99)
+					e.mu.Lock()
+					n := len(e.unexpected[d.ctx|collBit])
+					e.mu.Unlock()
+					if n > 0 {
+						break
+					}
+					if err := ctx.Err(); err != nil {
+						return err
+					}
+				}
+				if err := d.Free(); err != nil {
+					return fmt.Errorf("free after a failed collective: %w", err)
+				}
+				// Progress on, for the root's finish frame to go out.
+				return c.Barrier(ctx)
+			})
+		})
+	}
+}

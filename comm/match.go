@@ -269,3 +269,27 @@ func (e *engine) PeerFailed(rank int, err error) {
 	close(e.arrived) // a probe of rank learns it
 	e.arrived = make(chan struct{})
 }
+
+// dropCollective drops the messages waiting in c's collective context, to
+// be freed: what peers sent to collectives of c that failed or were
+// cancelled on this rank, which no call can take now. A large message's
+// sender gets its finish frame, as if it had been received, so that its
+// send completes. The lock is held.
+func (e *engine) dropCollective(c *Comm) {
+	ctx := c.ctx | collBit
+	q := e.unexpected[ctx]
+	if len(q) == 0 {
+		return
+	}
+	for _, m := range q {
+		if m.h.kind != kindEager {
+			var fin [hdrLen]byte
+			(&header{kind: kindFIN, ctx: ctx, src: int32(c.rank), id: m.h.id}).put(fin[:])
+			if tr, err := e.route(m.world); err == nil {
+				e.send(tr, m.world, nil, fin[:], nil)
+			}
+		}
+	}
+	e.log.Debug("comm: free: dropped messages of failed collectives", "messages", len(q))
+	delete(e.unexpected, ctx)
+}
