@@ -35,7 +35,9 @@ func TestClientKilledStreaming(t *testing.T) {
 	// sending one does.
 	timeouts := func() int64 { return transportTimeouts(t, a) + transportTimeouts(t, b) }
 	settled := timeouts()
+	watchStalls()
 	for i := range 50 {
+		start := time.Now()
 		cmd, out := startClient(t, envStreamer+"="+a.Name+","+b.Name, softhca.RuntimeDirEnv+"="+dir)
 		line, err := bufio.NewReader(out).ReadString('\n')
 		if err != nil || line != "streaming\n" {
@@ -45,7 +47,11 @@ func TestClientKilledStreaming(t *testing.T) {
 		}
 		time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
 		if n := timeouts() - settled; n != 0 {
-			t.Errorf("streamer %d: %d transport timeouts while it streamed on a lossless link", i, n)
+			if stall := stalledSince(start); stall > 0 {
+				t.Logf("streamer %d: %d transport timeouts; the test process went unscheduled for %v meanwhile", i, n, stall)
+			} else {
+				t.Errorf("streamer %d: %d transport timeouts while it streamed on a lossless link", i, n)
+			}
 		}
 		cmd.Process.Signal(syscall.SIGKILL)
 		cmd.Wait()
