@@ -49,6 +49,7 @@ type job struct {
 	ready, started, done int
 	rankDone             []bool
 	quitAt               []int64 // when a rank exited with status 0 of itself (Unix ns), or 0
+	rankPID              []int   // a started rank's pid, its process group's number (agents say)
 	failures             []rankFailure
 	cause                error // why the job ends early: a signalCause or a timeout; nil for a rank failure
 	ending, byeSent      bool
@@ -343,6 +344,7 @@ func (j *job) closeOutput(ctx context.Context, grace time.Duration) {
 func (j *job) trackRanks(n int) {
 	j.rankDone = make([]bool, n)
 	j.quitAt = make([]int64, n)
+	j.rankPID = make([]int, n)
 }
 
 // hostOf names node k's host for reports.

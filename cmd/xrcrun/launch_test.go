@@ -546,3 +546,40 @@ func TestLaunchKilledLauncher(t *testing.T) {
 		}
 	}
 }
+
+// TestLaunchKilledAgent: a node agent killed outright (SIGKILL, as the OOM
+// killer does) takes its ranks with it (their parent-death signal), and
+// the launcher kills what those ranks started, which lived on in their
+// process groups; the job fails, naming the lost node.
+func TestLaunchKilledAgent(t *testing.T) {
+	t.Parallel()
+	_, rank := tools(t)
+	j := startJob(t, ".", nil, "-n", "4", "--nodes", "2", "--grace", "500ms", rank, "-hang", "-child")
+	j.waitLines(4, regexp.MustCompile(`^child \d+$`), time.Minute)
+	agent := 0
+	for _, pid := range jobProcs(j.id) {
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		environ, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
+		args := strings.Split(string(cmdline), "\x00")
+		if len(args) > 1 && args[1] == "agent" && !bytes.Contains(environ, []byte("XRC_RANK=")) {
+			agent = pid
+			break
+		}
+	}
+	if agent == 0 {
+		t.Fatal("no node agent found")
+	}
+	syscall.Kill(agent, syscall.SIGKILL)
+	if st := j.wait(2 * time.Minute); st == 0 {
+		t.Errorf("exit status 0 after a node agent was killed\n%s", j.stderr.String())
+	}
+	if !strings.Contains(j.stderr.String(), "lost: its node agent went away") {
+		t.Errorf("the report does not say a node was lost:\n%s", j.stderr.String())
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(jobProcs(j.id)) > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			j.checkGone()
+			return
+		}
+	}
+}

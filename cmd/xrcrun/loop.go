@@ -116,6 +116,7 @@ func (j *job) handle(ev event) {
 	case evSignal:
 		j.broadcast(message{T: msgSignal, Signal: int(ev.sig)})
 	case evGone:
+		j.killOrphans(ev.node)
 		j.nodeLost(ev.node, "its node agent went away")
 	case evNoSpec:
 		j.nodeLost(ev.node, "its node agent did not get its spec: "+ev.err.Error())
@@ -147,6 +148,9 @@ func (j *job) message(node int, m message) {
 		j.log.Debug("node ready", "node", node, "host", m.Host, "device", m.Device, "addr", m.Addr)
 	case msgStarted:
 		j.started++
+		if j.validRank(node, m.Rank) && !j.rankDone[m.Rank] {
+			j.rankPID[m.Rank] = m.PID
+		}
 	case msgOut:
 		if j.validRank(node, m.Rank) {
 			j.out.write(m.Rank, m.Stream, m.Data)
@@ -179,6 +183,23 @@ func (j *job) rankEnded(r int) {
 		j.out.flush(r) // a last line without its newline
 		j.rankDone[r] = true
 		j.done++
+	}
+}
+
+// killOrphans kills, on this machine, the process groups of the ranks of
+// node whose agent went away before they ended (it was killed outright:
+// SIGKILL, the OOM killer): a rank dies with its agent (its parent-death
+// signal), but what it started lives on in its group. A group outlives its
+// leader, and while it does the kernel gives its number to no other
+// process. Remote nodes' agents cannot be reached once gone.
+func (j *job) killOrphans(node int) {
+	if j.mode != modeLocal {
+		return
+	}
+	for _, r := range j.place.Ranks[node] {
+		if pid := j.rankPID[r]; pid > 0 && !j.rankDone[r] {
+			syscall.Kill(-pid, syscall.SIGKILL)
+		}
 	}
 }
 
