@@ -437,7 +437,12 @@ func TestReorderedLonePacketArrives(t *testing.T) {
 	if got := r.sink.collect(t, 1); got[0].Opcode.Op() != roce.SendOnly {
 		t.Fatalf("sent %v, want the SEND", got[0].Opcode)
 	}
-	if n := r.d.counters.FaultReorders.Load(); n != 1 {
-		t.Errorf("%d packets held back, want 1", n)
+	// The SEND was held back, and perhaps retransmissions of it (nobody
+	// acknowledges it; on a loaded machine the transport timer may fire
+	// before the counters are read), nothing else.
+	n := r.d.counters.FaultReorders.Load()
+	re := r.d.counters.Retransmits.Load() // after: a resent packet is counted before it is held back
+	if n < 1 || n > 1+re {
+		t.Errorf("%d packets held back, want 1 and at most the %d retransmissions", n, re)
 	}
 }
