@@ -37,7 +37,7 @@ func TestClientKilledStreaming(t *testing.T) {
 	settled := timeouts()
 	watchStalls()
 	for i := range 50 {
-		start := time.Now()
+		start, drops := time.Now(), udpRcvbufErrors(t)
 		cmd, out := startClient(t, envStreamer+"="+a.Name+","+b.Name, softhca.RuntimeDirEnv+"="+dir)
 		line, err := bufio.NewReader(out).ReadString('\n')
 		if err != nil || line != "streaming\n" {
@@ -47,8 +47,8 @@ func TestClientKilledStreaming(t *testing.T) {
 		}
 		time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
 		if n := timeouts() - settled; n != 0 {
-			if stall := stalledSince(start); stall > 0 {
-				t.Logf("streamer %d: %d transport timeouts; the test process went unscheduled for %v meanwhile", i, n, stall)
+			if stall, dropped := stalledSince(start), udpRcvbufErrors(t)-drops; stall > 0 || dropped > 0 {
+				t.Logf("streamer %d: %d transport timeouts; meanwhile the test process went unscheduled for %v, and the kernel dropped %d datagrams", i, n, stall, dropped)
 			} else {
 				t.Errorf("streamer %d: %d transport timeouts while it streamed on a lossless link", i, n)
 			}
