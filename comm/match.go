@@ -138,17 +138,28 @@ func (e *engine) ReadDone(cookie uint64, err error) {
 // finish ends a rendezvous receive: the sender learns that its buffer is
 // free, and the receive completes.
 func (e *engine) finish(r *Request, err error) {
-	var fin [hdrLen]byte
-	(&header{kind: kindFIN, ctx: r.c.ctx, src: int32(r.c.rank), id: r.rdvID}).put(fin[:])
-	if tr, rerr := e.route(r.rdvWorld); rerr == nil {
-		if _, serr := e.send(tr, r.rdvWorld, nil, fin[:], nil); serr != nil && err == nil {
-			err = serr
-		}
+	if serr := e.sendFIN(r.rdvWorld, r.c.ctx, r.c.rank, r.rdvID); serr != nil && err == nil {
+		err = serr
 	}
 	if err == nil && r.trunc {
 		err = fmt.Errorf("%w: %d bytes into %d", ErrTruncate, r.msgLen, len(r.buf))
 	}
 	r.complete(r.st, err)
+}
+
+// sendFIN tells world rank to, the sender of large message id in context
+// ctx, that its buffer is free (this rank is src in ctx's communicator). A
+// rank no transport reaches is not told (the route's error is not
+// returned); a failed send is.
+func (e *engine) sendFIN(to int, ctx uint32, src int, id uint64) error {
+	var fin [hdrLen]byte
+	(&header{kind: kindFIN, ctx: ctx, src: int32(src), id: id}).put(fin[:])
+	tr, err := e.route(to)
+	if err != nil {
+		return nil
+	}
+	_, err = e.send(tr, to, nil, fin[:], nil)
+	return err
 }
 
 // takeUnexpected removes and returns the first queued message of c's
@@ -283,11 +294,7 @@ func (e *engine) dropCollective(c *Comm) {
 	}
 	for _, m := range q {
 		if m.h.kind != kindEager {
-			var fin [hdrLen]byte
-			(&header{kind: kindFIN, ctx: ctx, src: int32(c.rank), id: m.h.id}).put(fin[:])
-			if tr, err := e.route(m.world); err == nil {
-				e.send(tr, m.world, nil, fin[:], nil)
-			}
+			e.sendFIN(m.world, ctx, c.rank, m.h.id)
 		}
 	}
 	e.log.Debug("comm: free: dropped messages of failed collectives", "messages", len(q))
