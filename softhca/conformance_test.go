@@ -9,10 +9,10 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/verbs"
@@ -62,14 +62,13 @@ func newUDPDevice(t testing.TB, cfg softhca.Config) *softhca.Device {
 // cleanup closes d at the end of the test. On a lossless link, only a
 // test that talks to nobody may see the transport timer fire. Benchmarks
 // are exempt: they fill socket buffers, and a kernel drops datagrams when
-// a receiver falls behind. So are UDP devices while the kernel counted
-// receive buffer overflows: on a loaded machine a descheduled engine
-// falls behind too, and what the kernel drops is lost. And so are tests
-// during which the machine stalled this process (stallWatch).
+// a receiver falls behind. So are tests during which the machine stalled
+// this process or one of its devices (lossless).
 func cleanup(t testing.TB, d *softhca.Device, lossless bool) *softhca.Device {
-	drops := udpRcvbufErrors(t)
-	watchStalls()
-	start := time.Now()
+	inprocDevices.mu.Lock()
+	inprocDevices.all = append(inprocDevices.all, d)
+	inprocDevices.mu.Unlock()
+	w := watchLossless(t, inprocLateRounds)
 	t.Cleanup(func() {
 		if err := d.Close(); err != nil {
 			t.Error(err)
@@ -80,17 +79,31 @@ func cleanup(t testing.TB, d *softhca.Device, lossless bool) *softhca.Device {
 		if !lossless || isBenchmark(t) || n == 0 || strings.HasSuffix(t.Name(), "RetryExceeded") {
 			return
 		}
-		if dropped := udpRcvbufErrors(t) - drops; dropped > 0 {
-			t.Logf("%s: transport timer fired %d times; the kernel dropped %d datagrams meanwhile", d.Name(), n, dropped)
-			return
-		}
-		if stall := stalledSince(start); stall > 0 {
-			t.Logf("%s: transport timer fired %d times; this process went unscheduled for %v meanwhile", d.Name(), n, stall)
+		if why := w.excuse(t); why != "" {
+			t.Logf("%s: transport timer fired %d times; meanwhile %s", d.Name(), n, why)
 			return
 		}
 		t.Errorf("%s: transport timer fired %d times on a lossless fabric", d.Name(), n)
 	})
 	return d
+}
+
+// inprocDevices are the devices the tests of this process made (cleanup).
+var inprocDevices struct {
+	mu  sync.Mutex
+	all []*softhca.Device
+}
+
+// inprocLateRounds adds up the late rounds of every device of this
+// process: a device's late answers time out its peers' requests.
+func inprocLateRounds() uint64 {
+	inprocDevices.mu.Lock()
+	defer inprocDevices.mu.Unlock()
+	var n uint64
+	for _, d := range inprocDevices.all {
+		n += d.Counters().LateRounds.Load()
+	}
+	return n
 }
 
 // udpRcvbufErrors is the kernel's count of UDP datagrams dropped for want

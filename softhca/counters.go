@@ -37,6 +37,13 @@ type Counters struct {
 	// resend but do not count against retry_cnt (up to retry_cnt of them
 	// between two acknowledgements that make progress).
 	LateTimeouts atomic.Uint64
+	// LateRounds are the engine's rounds that ended 10 ms (lateRound) or
+	// more after the host took in the oldest datagram they read: its
+	// answers to that datagram left that late, a delay a peer's transport
+	// timer sees as the link's. LateRoundNs adds up how late they were.
+	// Only datagrams from a UDP link count.
+	LateRounds  atomic.Uint64
+	LateRoundNs atomic.Uint64
 
 	FaultDrops    atomic.Uint64 // packets dropped by fault injection
 	FaultDups     atomic.Uint64 // packets duplicated by fault injection
@@ -88,6 +95,8 @@ func (c *Counters) Each(f func(name, help string, v uint64)) {
 		{"retransmits", "Packets sent again.", &c.Retransmits},
 		{"ack_timeouts", "Transport timer expirations.", &c.AckTimeouts},
 		{"late_timeouts", "Transport timer expirations handled more than a timeout late, not counted as retries.", &c.LateTimeouts},
+		{"late_rounds", "Engine rounds that ended 10 ms or more after their oldest datagram reached the host.", &c.LateRounds},
+		{"late_round_ns", "Nanoseconds by which late rounds ended after their oldest datagram reached the host.", &c.LateRoundNs},
 		{"fault_drops", "Packets dropped by fault injection.", &c.FaultDrops},
 		{"fault_dups", "Packets duplicated by fault injection.", &c.FaultDups},
 		{"fault_reorders", "Packets held back by fault injection.", &c.FaultReorders},

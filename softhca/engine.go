@@ -67,6 +67,11 @@ type engine struct {
 	now   time.Time
 	nowI  instant
 	epoch time.Time // instant 0: the clock when the engine was made
+	// rxStamp is when the host took in the oldest datagram the round read
+	// (the kernel's receive time, in wall clock nanoseconds), or 0: set by
+	// the link's poll, checked when the round's answers have left
+	// (noteLateRound).
+	rxStamp int64
 	// Scratch space of warm.
 	warmAddrs []uintptr
 	warmQPs   []warmQP
@@ -250,6 +255,9 @@ func (e *engine) loop() {
 		worked := e.round()
 		e.flushOut()
 		e.d.mu.Unlock()
+		if e.rxStamp != 0 {
+			e.noteLateRound()
+		}
 
 		// A round that found work is accounted for when the next one
 		// starts (one always follows it), with the clock reading each
@@ -292,6 +300,23 @@ func (e *engine) loop() {
 		}
 		e.sleeping.Store(false)
 		e.setRingsSleeping(false)
+	}
+}
+
+// lateRound is how long after its oldest datagram came a round may end
+// before the device counts it late (Counters.LateRounds).
+const lateRound = 10 * time.Millisecond
+
+// noteLateRound counts the round that just ended as late if it ended
+// lateRound or more after the host took in the oldest datagram it read:
+// the device's answers to that datagram (acknowledgements, responses) left
+// at least that late, its process unscheduled or its round that long.
+func (e *engine) noteLateRound() {
+	late := time.Duration(time.Now().UnixNano() - e.rxStamp)
+	e.rxStamp = 0
+	if late >= lateRound {
+		e.d.counters.LateRounds.Add(1)
+		e.d.counters.LateRoundNs.Add(uint64(late))
 	}
 }
 

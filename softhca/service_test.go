@@ -51,17 +51,19 @@ func TestMain(m *testing.M) {
 // attach opens a context on a device process; at the end of the test,
 // once the device has freed everything, it checks that the device saw no
 // transport timeout on its lossless link since the context was opened
-// (unless the test is about them). Timeouts before do not count: a test
-// that kills a client mid-stream may leave its peer QP's timer to fire.
+// (unless the test is about them, or the machine stalled: lossless).
+// Timeouts before do not count: a test that kills a client mid-stream may
+// leave its peer QP's timer to fire.
 func attach(t testing.TB, s *hcatest.Service) *verbs.Context {
 	t.Helper()
 	before := transportTimeouts(t, s)
-	watchStalls()
-	start := time.Now()
+	// A peer's late answers time out this device's requests: every device
+	// process of the test directory counts.
+	w := watchLossless(t, func() uint64 { return dirLateRounds(t, s.Dir) })
 	t.Cleanup(func() {
 		if n := transportTimeouts(t, s) - before; n > 0 && !isBenchmark(t) && !strings.Contains(t.Name(), "RetryExceeded") && !strings.Contains(t.Name(), "ResetAndReconnect") {
-			if stall := stalledSince(start); stall > 0 {
-				t.Logf("%s: transport timer fired %d times; the test process went unscheduled for %v meanwhile", s.Name, n, stall)
+			if why := w.excuse(t); why != "" {
+				t.Logf("%s: transport timer fired %d times; meanwhile %s", s.Name, n, why)
 				return
 			}
 			t.Errorf("%s: transport timer fired %d times on a lossless link", s.Name, n)

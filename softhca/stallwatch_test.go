@@ -1,8 +1,15 @@
 package softhca_test
 
 import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
 	"sync"
+	"testing"
 	"time"
+
+	"github.com/xrcrun/xrc/softhca"
 )
 
 // The tests that say no transport timer fires on a lossless link (67 ms at
@@ -54,4 +61,61 @@ func stalledSince(since time.Time) time.Duration {
 		}
 	}
 	return longest
+}
+
+// lossless gathers, from the start of a stretch of a test, the evidence
+// that excuses a transport timeout on a lossless link: the test process
+// stalled (stallWatch), the kernel dropped datagrams for want of socket
+// buffer, or a device answered late because its own process stalled
+// (Counters.LateRounds), which the timer of its peer cannot tell from
+// loss.
+type lossless struct {
+	start        time.Time
+	drops, late0 uint64
+	late         func() uint64 // the devices' late rounds so far
+}
+
+// watchLossless starts gathering; late reads the late rounds of the
+// devices the stretch uses.
+func watchLossless(t testing.TB, late func() uint64) *lossless {
+	watchStalls()
+	return &lossless{start: time.Now(), drops: udpRcvbufErrors(t), late: late, late0: late()}
+}
+
+// excuse says what happened since the watch started that explains a
+// transport timeout on a lossless link, or returns "" if nothing does.
+func (w *lossless) excuse(t testing.TB) string {
+	var why []string
+	if s := stalledSince(w.start); s > 0 {
+		why = append(why, fmt.Sprintf("the test process went unscheduled for %v", s))
+	}
+	if n := udpRcvbufErrors(t) - w.drops; n > 0 {
+		why = append(why, fmt.Sprintf("the kernel dropped %d datagrams", n))
+	}
+	if n := w.late() - w.late0; n > 0 {
+		why = append(why, fmt.Sprintf("devices answered %d times 10 ms or more late", n))
+	}
+	return strings.Join(why, "; ")
+}
+
+// dirLateRounds adds up the late rounds of the device processes serving
+// in dir that answer.
+func dirLateRounds(t testing.TB, dir string) uint64 {
+	socks, err := filepath.Glob(filepath.Join(dir, "*.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, p := range socks {
+		cs, err := softhca.QueryCounters(context.Background(), dir, strings.TrimSuffix(filepath.Base(p), ".sock"))
+		if err != nil {
+			continue // gone, or not a device
+		}
+		for _, c := range cs {
+			if c.Name == "late_rounds" {
+				n += c.Value
+			}
+		}
+	}
+	return n
 }

@@ -294,6 +294,9 @@ func (l *udpLink) poll(out []*roce.Packet, max int) []*roce.Packet {
 		}
 		return out
 	}
+	if e := l.d.eng; e.rxStamp == 0 {
+		e.rxStamp = l.rdgs[0].Stamp // the socket's queue is in order
+	}
 	for i, dg := range l.rdgs[:n] {
 		if dg.Trunc {
 			l.d.counters.RcvErrors.Add(1)

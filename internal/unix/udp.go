@@ -17,7 +17,9 @@ import (
 
 // UDPSocket opens a non-blocking, close-on-exec UDP socket bound to addr,
 // with GRO on: the kernel may hand several datagrams of one flow to one
-// receive, with their size in a control message.
+// receive, with their size in a control message; and with receive
+// timestamps on: each receive says when the kernel took its datagram in
+// (Datagram.Stamp).
 func UDPSocket(addr netip.AddrPort) (int, error) {
 	family := unix.AF_INET
 	if addr.Addr().Is6() && !addr.Addr().Is4In6() {
@@ -34,6 +36,10 @@ func UDPSocket(addr netip.AddrPort) (int, error) {
 	if err := unix.SetsockoptInt(fd, unix.IPPROTO_UDP, unix.UDP_GRO, 1); err != nil {
 		unix.Close(fd)
 		return -1, Error(asErrno(err), "set UDP_GRO")
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1); err != nil {
+		unix.Close(fd)
+		return -1, Error(asErrno(err), "set SO_TIMESTAMPNS")
 	}
 	return fd, nil
 }
@@ -156,11 +162,14 @@ func NewUDPReceiver(fd int) *UDPReceiver { return &UDPReceiver{fd: fd} }
 // Datagram describes what RecvBatch put in one buffer: N bytes, one
 // datagram, or with GRO several of Seg bytes each (the last may be
 // shorter; Seg is 0 for one datagram), from From. Trunc reports a datagram
-// larger than its buffer, cut short: the caller drops it.
+// larger than its buffer, cut short: the caller drops it. Stamp is when the
+// kernel took the datagram in, in nanoseconds of the wall clock since the
+// Unix epoch, or 0 if the socket does not say (UDPSocket's do).
 type Datagram struct {
 	N, Seg int
 	From   netip.AddrPort
 	Trunc  bool
+	Stamp  int64
 }
 
 // batchSlot is the recvmmsg state of one buffer of RecvBatch.
@@ -215,26 +224,33 @@ func (r *UDPReceiver) RecvBatch(bufs [][]byte, ds []Datagram) (int, error) {
 	n := int(m)
 	for i := range n {
 		h, sl := &r.mmsg[i].Hdr, &r.slots[i]
-		ds[i] = Datagram{N: int(r.mmsg[i].Len), Seg: groSize(sl.oob[:h.Controllen]), From: sockaddrPort(&sl.sa),
+		seg, stamp := controls(sl.oob[:h.Controllen])
+		ds[i] = Datagram{N: int(r.mmsg[i].Len), Seg: seg, Stamp: stamp, From: sockaddrPort(&sl.sa),
 			Trunc: h.Flags&unix.MSG_TRUNC != 0}
 	}
 	return n, nil
 }
 
-// groSize finds the UDP_GRO control message in oob.
-func groSize(oob []byte) int {
+// controls finds the UDP_GRO segment size and the receive timestamp in
+// the control messages oob (0 for either that is missing).
+func controls(oob []byte) (seg int, stamp int64) {
 	for len(oob) >= unix.SizeofCmsghdr {
 		h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
 		l := int(h.Len)
 		if l < unix.SizeofCmsghdr || l > len(oob) {
-			return 0
+			return
 		}
-		if h.Level == unix.SOL_UDP && h.Type == unix.UDP_GRO && l >= unix.CmsgLen(4) {
-			return int(binary.NativeEndian.Uint32(oob[unix.CmsgLen(0):]))
+		data := oob[unix.CmsgLen(0):l]
+		switch {
+		case h.Level == unix.SOL_UDP && h.Type == unix.UDP_GRO && len(data) >= 4:
+			seg = int(binary.NativeEndian.Uint32(data))
+		case h.Level == unix.SOL_SOCKET && h.Type == unix.SCM_TIMESTAMPNS && len(data) >= int(unsafe.Sizeof(unix.Timespec{})):
+			ts := (*unix.Timespec)(unsafe.Pointer(&data[0]))
+			stamp = ts.Nano()
 		}
 		oob = oob[min(len(oob), unix.CmsgSpace(l-unix.CmsgLen(0))):]
 	}
-	return 0
+	return
 }
 
 func sockaddrPort(rsa *unix.RawSockaddrAny) netip.AddrPort {

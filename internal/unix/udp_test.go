@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/netip"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,6 +22,7 @@ func TestRecvBatch(t *testing.T) {
 	// Sizes differ, so that GRO cannot merge them.
 	sent := [][]byte{bytes.Repeat([]byte{1}, 100), bytes.Repeat([]byte{2}, 300), bytes.Repeat([]byte{3}, 5000)}
 	s := NewUDPSender(tx)
+	before := time.Now().UnixNano()
 	for _, d := range sent {
 		if err := s.SendVec([][]byte{d}, 0, to); err != nil {
 			t.Fatal(err)
@@ -33,6 +35,7 @@ func TestRecvBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	after := time.Now().UnixNano()
 	if n != len(sent) {
 		t.Fatalf("received %d datagrams in one call, sent %d", n, len(sent))
 	}
@@ -42,6 +45,11 @@ func TestRecvBatch(t *testing.T) {
 		}
 		if d.Seg != 0 {
 			t.Errorf("datagram %d: GRO segment size %d for a single datagram", i, d.Seg)
+		}
+		// The wall clock may step meanwhile; a second's slack keeps the
+		// check from failing on that, not on a missing or garbled stamp.
+		if d.Stamp < before-1e9 || d.Stamp > after+1e9 {
+			t.Errorf("datagram %d: received at %d, sent after %d and read by %d", i, d.Stamp, before, after)
 		}
 	}
 	for i, d := range ds[:2] {

@@ -179,6 +179,10 @@ func (s *Service) stop(t testing.TB, exited chan error) {
 	}
 }
 
+// Signal sends sig to the device's process: SIGSTOP and SIGCONT stall it
+// as a loaded machine would.
+func (s *Service) Signal(sig os.Signal) error { return s.cmd.Process.Signal(sig) }
+
 // Counters reads the device's counters and object counts by name.
 func (s *Service) Counters(t testing.TB) map[string]uint64 {
 	t.Helper()
