@@ -203,7 +203,10 @@ func (j *job) killOrphans(node int) {
 	}
 }
 
-// nodeLost fails the ranks of node that have not ended.
+// nodeLost fails the ranks of node that have not ended. Every node lost
+// is a failure, the first and those after it, while the job ends because
+// of one; not once a signal or the timeout ends the job (j.cause): its
+// ranks are being ended anyway.
 func (j *job) nodeLost(node int, why string) {
 	lost := false
 	for _, r := range j.place.Ranks[node] {
@@ -211,7 +214,7 @@ func (j *job) nodeLost(node int, why string) {
 			continue
 		}
 		lost = true
-		if !j.ending { // else the job is ending anyway
+		if j.cause == nil {
 			j.failures = append(j.failures, rankFailure{Rank: r, Node: node, Host: j.hostOf(node), Lost: true,
 				Detail: why, Time: time.Now().UnixNano()})
 		}
