@@ -40,9 +40,10 @@ type job struct {
 	// nodeAddr is the soft HCA address the launcher chose for node k; nil:
 	// none, the agents choose.
 	nodeAddr func(k int) string
-	served   chan error    // what rdv.Serve returned
-	hello    []atomic.Bool // by node: its agent proved itself (accept); its spec may be on the way
-	conns    []*ctrlConn   // by node, once its agent has its spec
+	served   chan error               // what rdv.Serve returned
+	hello    []atomic.Bool            // by node: its agent proved itself (accept); its spec may be on the way
+	conns    []*ctrlConn              // by node, once its agent has its spec
+	pending  map[int][]syscall.Signal // by node not in conns: signals to forward once it is
 	procs    []*launched
 	out      *output // the ranks' output, and the status line
 

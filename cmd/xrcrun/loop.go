@@ -105,16 +105,22 @@ func (j *job) handle(ev event) {
 		j.agentConnected(ev.node)
 		go j.read(ev.node, ev.conn)
 		j.log.Debug("agent connected", "node", ev.node)
-		switch {
-		case j.byeSent:
+		if j.byeSent {
 			ev.conn.post(message{T: msgBye})
-		case j.ending:
+			break
+		}
+		// The agent reads its commands once it has started its ranks.
+		for _, sig := range j.pending[ev.node] {
+			ev.conn.post(message{T: msgSignal, Signal: int(sig)})
+		}
+		delete(j.pending, ev.node)
+		if j.ending {
 			ev.conn.post(message{T: msgTerm})
 		}
 	case evMessage:
 		j.message(ev.node, ev.msg)
 	case evSignal:
-		j.broadcast(message{T: msgSignal, Signal: int(ev.sig)})
+		j.forward(ev.sig)
 	case evGone:
 		j.killOrphans(ev.node)
 		j.nodeLost(ev.node, "its node agent went away")
@@ -203,7 +209,10 @@ func (j *job) killOrphans(node int) {
 	}
 }
 
-// nodeLost fails the ranks of node that have not ended.
+// nodeLost fails the ranks of node that have not ended. Every node lost
+// is a failure, the first and those after it, while the job ends because
+// of one; not once a signal or the timeout ends the job (j.cause): its
+// ranks are being ended anyway.
 func (j *job) nodeLost(node int, why string) {
 	lost := false
 	for _, r := range j.place.Ranks[node] {
@@ -211,7 +220,7 @@ func (j *job) nodeLost(node int, why string) {
 			continue
 		}
 		lost = true
-		if !j.ending { // else the job is ending anyway
+		if j.cause == nil {
 			j.failures = append(j.failures, rankFailure{Rank: r, Node: node, Host: j.hostOf(node), Lost: true,
 				Detail: why, Time: time.Now().UnixNano()})
 		}
@@ -244,6 +253,27 @@ func (j *job) broadcast(m message) {
 		}
 	}
 }
+
+// forward sends sig to the ranks of every connected agent, and holds it
+// for the nodes whose agents have not connected yet (at most maxPending
+// signals a node), to send when they do: a signal sent to the launcher
+// while the job starts reaches every rank.
+func (j *job) forward(sig syscall.Signal) {
+	j.log.Debug("forwarding a signal", "signal", sig)
+	for k, c := range j.conns {
+		switch {
+		case c != nil:
+			c.post(message{T: msgSignal, Signal: int(sig)})
+		case len(j.pending[k]) < maxPending:
+			if j.pending == nil {
+				j.pending = map[int][]syscall.Signal{}
+			}
+			j.pending[k] = append(j.pending[k], sig)
+		}
+	}
+}
+
+const maxPending = 16
 
 // killProcs SIGKILLs the process groups of the processes the launcher
 // started; an agent's ranks die with it (their parent-death signal).
