@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 )
@@ -139,5 +140,103 @@ func TestFloodWithoutReading(t *testing.T) {
 	}
 	if err := rc.fc.send(&msgLeave{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestWaitingGetsShareTheValue: the answers to gets waiting for a key are
+// queued whatever the bound (they answer what the rank asked), so a rank
+// that makes many gets of a key nobody has put, and reads nothing, must
+// not make a put of that key copy the value once per get: the answers
+// share the value's bytes. The server used to copy it into every answer,
+// so n waiting gets of one large value cost n times its size.
+func TestWaitingGetsShareTheValue(t *testing.T) {
+	const size = 2
+	ts := startServer(t, ServerConfig{Size: size})
+	ctx := testCtx(t)
+
+	rc := dialRaw(t, ts.Addr())
+	if err := rc.Conn.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
+		t.Fatal(err)
+	}
+	rc.authenticate(t, testKey)
+	if err := rc.fc.send(&msgRegister{Rank: 0, Size: size, Endpoint: []byte("ep-0")}); err != nil {
+		t.Fatal(err)
+	}
+	c1, err := Join(ctx, ts.Addr(), testKey, Member{Rank: 1, Endpoint: []byte("ep-1")}, size, ClientConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c1.Close() })
+
+	const n = 256
+	for id := uint64(1); id <= n; id++ {
+		if err := rc.fc.send(&msgGet{ID: id, Key: "k"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool {
+		ts.mu.Lock()
+		defer ts.mu.Unlock()
+		return len(ts.gets["k"]) == n
+	})
+
+	val := bytes.Repeat([]byte("v"), 256<<10)
+	before := heapInUse()
+	if err := c1.Put(ctx, "k", val); err != nil {
+		t.Fatal(err)
+	}
+	ts.mu.Lock() // the put's handling, which answers the gets, is over
+	ts.mu.Unlock()
+	grown := heapInUse() - before
+	// The value itself, twice (the server's copy and the client's), and
+	// the little each answer costs; copies would be 64 MiB.
+	if grown > 16<<20 {
+		t.Fatalf("answering %d gets of a value of %d bytes took %d MiB", n, len(val), grown>>20)
+	}
+	t.Logf("answering %d gets of a value of %d bytes took %d KiB", n, len(val), grown>>10)
+
+	// Rank 0 reads at last, and gets every answer.
+	got := map[uint64]bool{}
+	for len(got) < n {
+		typ, p, err := rc.fc.read(maxFromServer)
+		if err != nil {
+			t.Fatalf("after %d answers: %v", len(got), err)
+		}
+		m, err := decodeMessage(typ, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch m := m.(type) {
+		case *msgReady:
+		case *msgGot:
+			if m.ID < 1 || m.ID > n || got[m.ID] || !bytes.Equal(m.Val, val) {
+				t.Fatalf("got %d (%d bytes): unexpected", m.ID, len(m.Val))
+			}
+			got[m.ID] = true
+		default:
+			t.Fatalf("unexpected %T", m)
+		}
+	}
+	if err := rc.fc.send(&msgLeave{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// heapInUse returns the bytes of live heap after a collection.
+func heapInUse() int64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
+
+// TestGotFrame: gotFrame's two parts are msgGot's frame.
+func TestGotFrame(t *testing.T) {
+	for _, val := range [][]byte{nil, []byte("v"), bytes.Repeat([]byte("w"), 70000)} {
+		head, body := gotFrame(7, val)
+		want := appendFrame(nil, &msgGot{ID: 7, Val: val})
+		if got := append(head, body...); !bytes.Equal(got, want) {
+			t.Fatalf("gotFrame of %d bytes: % x, want % x", len(val), got[:min(len(got), 32)], want[:min(len(want), 32)])
+		}
 	}
 }
