@@ -37,14 +37,14 @@ func (s *Server) handle(c *sconn, t msgType, p []byte) error {
 			return nil
 		}
 		if old, ok := s.kv[m.Key]; ok && string(old) != string(m.Val) {
-			c.enqueue(appendFrame(nil, &msgPutDone{ID: m.ID, Err: fmt.Sprintf("key %q already holds a different value", cut(m.Key, 256))}))
+			c.enqueue(appendFrame(nil, &msgPutDone{ID: m.ID, Err: fmt.Sprintf("key %q already holds a different value", cut(m.Key, 256))}), nil)
 			return nil
 		}
 		s.kv[m.Key] = m.Val
-		c.enqueue(appendFrame(nil, &msgPutDone{ID: m.ID}))
+		c.enqueue(appendFrame(nil, &msgPutDone{ID: m.ID}), nil)
 		for _, g := range s.gets[m.Key] {
 			delete(g.c.gets, g.id)
-			g.c.enqueue(appendFrame(nil, &msgGot{ID: g.id, Val: m.Val}))
+			g.c.enqueue(gotFrame(g.id, m.Val))
 		}
 		delete(s.gets, m.Key)
 	case *msgGet:
@@ -52,7 +52,7 @@ func (s *Server) handle(c *sconn, t msgType, p []byte) error {
 			return nil
 		}
 		if v, ok := s.kv[m.Key]; ok {
-			c.enqueue(appendFrame(nil, &msgGot{ID: m.ID, Val: v}))
+			c.enqueue(gotFrame(m.ID, v))
 		} else if _, dup := c.gets[m.ID]; dup {
 			return protoErr("unexpected", "get %d while a get of that id waits", m.ID)
 		} else {
@@ -153,7 +153,7 @@ func (s *Server) gatherLocked(c *sconn, m *msgGather) error {
 func (s *Server) broadcastLocked(frame []byte) {
 	for _, o := range s.members {
 		if o != nil && !o.gone && !o.left {
-			o.enqueue(frame)
+			o.enqueue(frame, nil)
 		}
 	}
 }

@@ -1,6 +1,9 @@
 package bootstrap
 
-import "math"
+import (
+	"encoding/binary"
+	"math"
+)
 
 // message is one message of the protocol. decode reads what encode
 // writes; fields that are byte strings alias the decoded payload.
@@ -343,6 +346,16 @@ func (m *msgGot) encode(e *encoder) {
 func (m *msgGot) decode(d *decoder) {
 	m.ID = d.u64()
 	m.Val = d.bytes(MaxRecord)
+}
+
+// gotFrame returns the frame of msgGot{ID: id, Val: val} in two parts, all
+// of it before the value, and the value itself, so that the answers to
+// many gets of one value share its bytes instead of each copying them.
+func gotFrame(id uint64, val []byte) (head, body []byte) {
+	head = appendFrame(nil, &msgGot{ID: id})
+	binary.BigEndian.PutUint32(head[1:], uint32(len(head)-headerLen+len(val)))
+	binary.BigEndian.PutUint32(head[len(head)-4:], uint32(len(val)))
+	return head, val
 }
 
 // msgAbort from a rank asks to abort the job (Rank and Lost are ignored);

@@ -15,6 +15,7 @@ type serverMetrics struct {
 	refused      prometheus.Counter
 	acceptErrors prometheus.Counter
 	aborts       prometheus.Counter
+	readPauses   prometheus.Counter
 	bytesIn      prometheus.Counter
 	bytesOut     prometheus.Counter
 	members      prometheus.Gauge
@@ -31,8 +32,10 @@ func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
 		refused:      c("refused_connections_total", "Connections closed at once because too many were in their handshake."),
 		acceptErrors: c("accept_errors_total", "Accepts that failed for a while (out of descriptors or buffers) and were retried."),
 		aborts:       c("aborts_total", "Jobs aborted."),
-		bytesIn:      c("received_bytes_total", "Bytes of frames received."),
-		bytesOut:     c("sent_bytes_total", "Bytes of frames sent."),
+		readPauses: c("read_pauses_total", "Times the server stopped reading a rank's requests because more than "+
+			"maxQueued bytes (4 MiB) queued for it were not yet written: the rank reads slowly or not at all."),
+		bytesIn:  c("received_bytes_total", "Bytes of frames received."),
+		bytesOut: c("sent_bytes_total", "Bytes of frames sent."),
 		badMessages: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xrc_bootstrap_server_bad_messages_total",
 			Help: "Messages rejected as oversized, truncated, garbled, of an unknown type or version, or out of place."}, []string{"reason"})),
 		members: register(reg, prometheus.NewGauge(prometheus.GaugeOpts{Name: "xrc_bootstrap_server_members",

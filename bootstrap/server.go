@@ -265,7 +265,12 @@ func (s *Server) serveConn(c *sconn) {
 	log.Debug("bootstrap: rank registered", "node", reg.Node, "local_rank", reg.LocalRank)
 	c.startWriter()
 
+	paused := func(queued int) {
+		s.m.readPauses.Inc()
+		log.Debug("bootstrap: rank reads slowly; its requests wait", "queued", queued, "bound", maxQueued)
+	}
 	for {
+		c.waitQueue(paused)
 		t, p, err := c.fc.read(maxFromRank)
 		if err == nil {
 			err = s.handle(c, t, p)
