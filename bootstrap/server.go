@@ -305,9 +305,22 @@ func (s *Server) noteHandshakeError(log *slog.Logger, err error) {
 // register admits the rank or tells it why not.
 func (s *Server) register(c *sconn, r *msgRegister) error {
 	var rej *msgReject
+	refused := -1 // a rank of the job refused after the abort
 	defer func() {
 		if rej != nil { // sent outside the lock
 			c.fc.send(rej)
+		}
+		if refused >= 0 {
+			// Counted once its refusal is on its way: the last rank
+			// refused ends the job, and Close would cut a reject not
+			// yet sent, leaving the rank with an EOF for the reason.
+			s.mu.Lock()
+			if s.refused == nil {
+				s.refused = map[int]bool{}
+			}
+			s.refused[refused] = true
+			s.finishLocked()
+			s.mu.Unlock()
 		}
 	}()
 	s.mu.Lock()
@@ -321,14 +334,8 @@ func (s *Server) register(c *sconn, r *msgRegister) error {
 	rank := int(r.Rank)
 	switch {
 	case s.abort != nil:
-		if rank < s.size && s.members[rank] == nil && int(r.Size) == s.size {
-			if s.refused == nil {
-				s.refused = map[int]bool{}
-			}
-			if !s.refused[rank] {
-				s.refused[rank] = true
-				defer s.finishLocked()
-			}
+		if rank >= 0 && rank < s.size && s.members[rank] == nil && int(r.Size) == s.size {
+			refused = rank
 		}
 		return reject(rejectAborted, "%s", strings.TrimPrefix(s.abort.Error(), "bootstrap: "))
 	case int(r.Size) != s.size:
