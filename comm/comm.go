@@ -489,8 +489,8 @@ func (c *Comm) irecv(r *Request, buf []byte, src, tag int) (*Request, error) {
 		e.deliverTo(r, m, nil)
 		return r, nil
 	}
-	if src != AnySource && e.peerErr[c.ranks[src]] != nil {
-		return nil, e.peerErr[c.ranks[src]]
+	if err := c.sourceFailed(src); err != nil {
+		return nil, err
 	}
 	e.posted[c.ctx] = append(e.posted[c.ctx], r)
 	return r, nil
@@ -598,8 +598,8 @@ func (c *Comm) probe(src, tag int, take bool) (*inMsg, error) {
 			}
 		}
 	}
-	if src != AnySource && e.peerErr[c.ranks[src]] != nil {
-		return nil, e.peerErr[c.ranks[src]] // nothing more will come from it
+	if err := c.sourceFailed(src); err != nil {
+		return nil, err // nothing more will come from it
 	}
 	return nil, nil
 }

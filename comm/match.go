@@ -255,7 +255,9 @@ func (e *engine) pushed(from int, h header, body []byte) {
 // sends to it (whose finish cannot come; their buffers go back to their
 // callers though rank might still be reading them) and the receives it was
 // pushing, and the frames queued for it. Receives from any source stay
-// posted for the others' messages. Progress calls it, with the lock held.
+// posted for the others' messages, until every other rank of their
+// communicator has failed (sourceFailed). Progress calls it, with the lock
+// held.
 func (e *engine) PeerFailed(rank int, err error) {
 	if e.peerErr == nil {
 		e.peerErr = map[int]error{}
@@ -265,9 +267,11 @@ func (e *engine) PeerFailed(rank int, err error) {
 	for ctx, q := range e.posted {
 		kept := q[:0]
 		for _, r := range q {
-			if r.src != AnySource && r.c.ranks[r.src] == rank {
-				r.complete(Status{Source: r.src, Tag: r.tag}, err)
-				continue
+			if r.src == AnySource || r.c.ranks[r.src] == rank {
+				if err := r.c.sourceFailed(r.src); err != nil {
+					r.complete(Status{Source: r.src, Tag: r.tag}, err)
+					continue
+				}
 			}
 			kept = append(kept, r)
 		}
@@ -279,6 +283,39 @@ func (e *engine) PeerFailed(rank int, err error) {
 	e.dropBacklog(rank, qs, err)
 	close(e.arrived) // a probe of rank learns it
 	e.arrived = make(chan struct{})
+}
+
+// sourceFailed returns why nothing more can come to c from src: the
+// error of its failure (PeerFailed), or for AnySource, once every rank of
+// c but this one has failed, the first of theirs (ULFM fails a wildcard
+// receive once any rank has failed; this waits for all, so that receives
+// from the living carry on). Messages a rank might still send itself do
+// not keep such a receive posted. The lock is held.
+func (c *Comm) sourceFailed(src int) error {
+	e := c.e
+	if len(e.peerErr) == 0 {
+		return nil
+	}
+	if src != AnySource {
+		return e.peerErr[c.ranks[src]]
+	}
+	if len(c.ranks) < 2 || len(e.peerErr) < len(c.ranks)-1 {
+		return nil
+	}
+	var first error
+	for i, w := range c.ranks {
+		if i == c.rank {
+			continue
+		}
+		err := e.peerErr[w]
+		if err == nil {
+			return nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return fmt.Errorf("comm: every other rank of the communicator has failed: %w", first)
 }
 
 // dropCollective drops the messages waiting in c's collective context, to
