@@ -21,16 +21,7 @@ func TestFloodWithoutReading(t *testing.T) {
 	ts := startServer(t, ServerConfig{Size: size})
 	ctx := testCtx(t)
 
-	rc := dialRaw(t, ts.Addr())
-	// A small socket buffer, so that the kernel holds little of what the
-	// server writes and the flood's answers overflow it many times over.
-	if err := rc.Conn.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
-		t.Fatal(err)
-	}
-	rc.authenticate(t, testKey)
-	if err := rc.fc.send(&msgRegister{Rank: 0, Size: size, Endpoint: []byte("ep-0")}); err != nil {
-		t.Fatal(err)
-	}
+	rc := slowRank0(t, ts, size)
 	cs := make([]*Client, size) // cs[0] stays nil: rank 0 is rc
 	errs := make([]error, size)
 	var wg sync.WaitGroup
@@ -154,14 +145,7 @@ func TestWaitingGetsShareTheValue(t *testing.T) {
 	ts := startServer(t, ServerConfig{Size: size})
 	ctx := testCtx(t)
 
-	rc := dialRaw(t, ts.Addr())
-	if err := rc.Conn.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
-		t.Fatal(err)
-	}
-	rc.authenticate(t, testKey)
-	if err := rc.fc.send(&msgRegister{Rank: 0, Size: size, Endpoint: []byte("ep-0")}); err != nil {
-		t.Fatal(err)
-	}
+	rc := slowRank0(t, ts, size)
 	c1, err := Join(ctx, ts.Addr(), testKey, Member{Rank: 1, Endpoint: []byte("ep-1")}, size, ClientConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -239,4 +223,21 @@ func TestGotFrame(t *testing.T) {
 			t.Fatalf("gotFrame of %d bytes: % x, want % x", len(val), got[:min(len(got), 32)], want[:min(len(want), 32)])
 		}
 	}
+}
+
+// slowRank0 registers rank 0 of a job of size through a raw connection
+// with a small socket buffer, so that the kernel holds little of what the
+// server writes to it and answers it does not read overflow it many times
+// over.
+func slowRank0(t *testing.T, ts *testServer, size uint32) *rawConn {
+	t.Helper()
+	rc := dialRaw(t, ts.Addr())
+	if err := rc.Conn.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
+		t.Fatal(err)
+	}
+	rc.authenticate(t, testKey)
+	if err := rc.fc.send(&msgRegister{Rank: 0, Size: size, Endpoint: []byte("ep-0")}); err != nil {
+		t.Fatal(err)
+	}
+	return rc
 }
