@@ -45,6 +45,12 @@
 // is withdrawn from the server (with the client's next message), so that
 // polling for a key with short contexts costs the server nothing.
 //
+// The server bounds what one rank can make it hold: 65,536 gets waiting
+// for keys nobody has put (their keys totalling 16 MiB at most), and 16
+// collectives entered and not complete. A rank that calls Get and the
+// collectives as a program with a few goroutines does never nears them; a
+// request past them aborts the job with an *AbortError naming the rank.
+//
 // A rank whose connection ends before it called Close aborts the job, and
 // every other rank's client ends with an *AbortError naming it (Lost is
 // then true), as a process that exits without MPI_Finalize aborts an MPI

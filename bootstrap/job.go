@@ -12,6 +12,70 @@ import (
 // ranks. handle and lost take Server.mu; the ...Locked functions run with
 // it held.
 
+// Bounds on what one rank can make the server hold, besides the answers
+// queued for it (maxQueued): gets waiting for keys nobody has put yet,
+// and its parts in collectives the other ranks have not all entered. Each
+// costs the server the request's own bytes until another rank acts, so
+// without a bound a buggy rank (it holds the job's key: a bug, not an
+// attacker) could grow the server's memory until it died and took every
+// rank's job with it. A request past a bound is refused by aborting the
+// job with an *AbortError naming the rank and the bound (refuseLocked),
+// which every rank's client, the offender's included, ends with: the
+// protocol has no answer that refuses one get or one collective and that
+// every client understands (a put-done's error is ErrKeyExists, and a
+// client of this version takes one for a get as an empty value), and a
+// collective refused to one rank would leave its numbering out of step
+// with the others' for good. The server itself goes on, and frees what
+// the rank held. Refusals are counted by
+// xrc_bootstrap_server_refused_requests_total{limit}.
+const (
+	// maxWaitingGets bounds the gets of one rank that wait for their key
+	// at once. A Client has a get waiting only while a caller waits in
+	// Get (one per goroutine), plus those whose contexts ended since its
+	// last frame (their withdrawals go before its next frame, msgCancel):
+	// about twice its concurrent Gets. The project's own ranks wait in at
+	// most two mailbox reads (transport/rc and transport/xrc, one each)
+	// and, in xrc's lazy connection, one claim per peer rank connecting to
+	// this one at that moment: tens or hundreds, thousands in a large job.
+	// 65,536 is far above that, and costs the server some MiB of
+	// bookkeeping per rank (with the keys themselves bounded by
+	// maxWaitingGetBytes).
+	maxWaitingGets = 1 << 16
+
+	// maxWaitingGetBytes bounds the bytes of the keys of one rank's
+	// waiting gets (a key may be MaxKey, 4 KiB, long, so maxWaitingGets
+	// of them would be 256 MiB). The project's keys are tens of bytes
+	// ("rc/mbox/17/3"), so a healthy rank's waiting gets hold some KiB of
+	// keys; 16 MiB would take 4,096 gets of the longest keys waiting at
+	// once, or maxWaitingGets of 256 bytes.
+	maxWaitingGetBytes = 16 << 20
+
+	// maxCollectivesAhead bounds the collectives one rank may have entered
+	// that are not complete: its parts (each up to MaxRecord, 64 MiB)
+	// wait for the other ranks. A Client's AllGather and Barrier return
+	// only once their collective is complete, so a rank whose collectives
+	// are called one after the other enters collective N+1 only after N
+	// completed, and is never more than one ahead; only collectives called
+	// concurrently on one Client, or whose calls' contexts ended (the
+	// part sent still counts), put it further ahead, one each. The
+	// project calls them one at a time (comm's Init, Finalize and
+	// NodeReports). 16 leaves room for concurrent callers, and bounds what
+	// one rank's parts can cost the server to 16 × MaxRecord = 1 GiB
+	// (MaxGather, the size of one all-gather result it is built to hold),
+	// and the collectives under way at once to 16 (each also costs the
+	// server some 25 bytes per rank of the job for its bookkeeping).
+	maxCollectivesAhead = 16
+)
+
+// refuseLocked refuses c's request that would pass one of the bounds
+// above (limit is the metric's label): the job aborts, naming the rank
+// and reason, and what the rank held is freed.
+func (s *Server) refuseLocked(c *sconn, limit, reason string) {
+	s.m.refusedRequests.WithLabelValues(limit).Inc()
+	s.log.Warn("bootstrap: a rank's request passes a bound; aborting the job", "rank", c.rank, "limit", limit, "reason", reason)
+	s.abortLocked(&AbortError{Rank: c.rank, Reason: cut(reason, maxReason)})
+}
+
 // handle serves one request of a registered rank. An error ends the
 // rank's connection.
 func (s *Server) handle(c *sconn, t msgType, p []byte) error {
@@ -44,6 +108,7 @@ func (s *Server) handle(c *sconn, t msgType, p []byte) error {
 		c.enqueue(appendFrame(nil, &msgPutDone{ID: m.ID}), nil)
 		for _, g := range s.gets[m.Key] {
 			delete(g.c.gets, g.id)
+			g.c.getBytes -= len(m.Key)
 			g.c.enqueue(gotFrame(g.id, m.Val))
 		}
 		delete(s.gets, m.Key)
@@ -55,11 +120,18 @@ func (s *Server) handle(c *sconn, t msgType, p []byte) error {
 			c.enqueue(gotFrame(m.ID, v))
 		} else if _, dup := c.gets[m.ID]; dup {
 			return protoErr("unexpected", "get %d while a get of that id waits", m.ID)
+		} else if len(c.gets) >= maxWaitingGets {
+			s.refuseLocked(c, "waiting_gets", fmt.Sprintf("the server refused its get of %q: it already had %d gets waiting for keys nobody has put, the most a rank may have",
+				cut(m.Key, 64), len(c.gets)))
+		} else if c.getBytes+len(m.Key) > maxWaitingGetBytes {
+			s.refuseLocked(c, "waiting_get_bytes", fmt.Sprintf("the server refused its get of %q (a key of %d bytes): the keys of its gets waiting for keys nobody has put already totalled %d bytes, and may total at most %d",
+				cut(m.Key, 64), len(m.Key), c.getBytes, maxWaitingGetBytes))
 		} else {
 			if c.gets == nil {
 				c.gets = map[uint64]string{}
 			}
 			c.gets[m.ID] = m.Key
+			c.getBytes += len(m.Key)
 			s.gets[m.Key] = append(s.gets[m.Key], getter{c, m.ID})
 		}
 	case *msgCancel:
@@ -88,6 +160,7 @@ func (s *Server) dropGetLocked(c *sconn, id uint64) {
 		return
 	}
 	delete(c.gets, id)
+	c.getBytes -= len(key)
 	gs := slices.DeleteFunc(s.gets[key], func(g getter) bool { return g.c == c && g.id == id })
 	if len(gs) == 0 {
 		delete(s.gets, key)
@@ -112,6 +185,14 @@ func (s *Server) gatherLocked(c *sconn, m *msgGather) error {
 	}
 	c.nextSeq++
 	if s.abort != nil {
+		return nil
+	}
+	if ahead := m.Seq - s.collDone; ahead >= maxCollectivesAhead {
+		// Collectives complete in order (every rank enters them in
+		// order), so those it entered and not complete are collDone up
+		// to m.Seq.
+		s.refuseLocked(c, "collectives_ahead", fmt.Sprintf("the server refused its part in collective %d (%s): it had entered %d collectives ahead of the other ranks (collective %d is the first not complete), the most a rank may",
+			m.Seq, kindName(m.Kind), ahead, s.collDone))
 		return nil
 	}
 	g := s.gathers[m.Seq]
@@ -140,6 +221,7 @@ func (s *Server) gatherLocked(c *sconn, m *msgGather) error {
 		return nil
 	}
 	delete(s.gathers, m.Seq)
+	s.collDone = m.Seq + 1
 	res := msgGathered{Seq: m.Seq}
 	if g.kind == kindAllGather {
 		res.Recs = g.recs
@@ -172,6 +254,7 @@ func (s *Server) abortLocked(a *AbortError) {
 	for _, o := range s.members {
 		if o != nil {
 			clear(o.gets)
+			o.getBytes = 0
 		}
 	}
 	s.finishLocked()

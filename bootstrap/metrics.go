@@ -16,9 +16,13 @@ type serverMetrics struct {
 	acceptErrors prometheus.Counter
 	aborts       prometheus.Counter
 	readPauses   prometheus.Counter
-	bytesIn      prometheus.Counter
-	bytesOut     prometheus.Counter
-	members      prometheus.Gauge
+	// refusedRequests counts requests past a bound on what a rank may
+	// make the server hold (job.go), by limit: waiting_gets,
+	// waiting_get_bytes, collectives_ahead.
+	refusedRequests *prometheus.CounterVec
+	bytesIn         prometheus.Counter
+	bytesOut        prometheus.Counter
+	members         prometheus.Gauge
 }
 
 func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
@@ -38,6 +42,10 @@ func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
 		bytesOut: c("sent_bytes_total", "Bytes of frames sent."),
 		badMessages: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xrc_bootstrap_server_bad_messages_total",
 			Help: "Messages rejected as oversized, truncated, garbled, of an unknown type or version, or out of place."}, []string{"reason"})),
+		refusedRequests: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xrc_bootstrap_server_refused_requests_total",
+			Help: "Requests of a rank refused, aborting the job, because they passed a bound on what a rank may make the server hold: " +
+				"gets waiting for keys nobody has put (waiting_gets: 65,536; waiting_get_bytes: 16 MiB of keys), " +
+				"or collectives entered ahead of the other ranks (collectives_ahead: 16)."}, []string{"limit"})),
 		members: register(reg, prometheus.NewGauge(prometheus.GaugeOpts{Name: "xrc_bootstrap_server_members",
 			Help: "Ranks registered and connected."})),
 	}

@@ -34,10 +34,12 @@ import (
 // rank while it was under the bound (its part in the collective, its get)
 // or is the last (the abort); they cost memory once, however many ranks
 // they are queued for: a collective's result is one frame shared by every
-// rank's queue, and a value's answers share its bytes. (How many gets of
-// a rank may wait, and how many collectives it may enter before the other
-// ranks, is not bounded here: those cost the server the requests' own
-// bytes, not answers.)
+// rank's queue, and a value's answers share its bytes. (What a rank's
+// requests themselves make the server hold, its gets waiting for keys
+// nobody has put and its parts in collectives the others have not
+// entered, is bounded apart, by maxWaitingGets, maxWaitingGetBytes and
+// maxCollectivesAhead in job.go: a request past those aborts the job
+// naming the rank.)
 const maxQueued = 4 << 20
 
 // sconn is the server's side of one rank's connection. Frames to the rank
@@ -55,6 +57,8 @@ type sconn struct {
 	left    bool              // the rank said leave
 	gone    bool              // the connection ended
 	gets    map[uint64]string // the rank's gets waiting for their keys, by request id
+	// getBytes is the bytes of the keys of gets (maxWaitingGetBytes).
+	getBytes int
 
 	qmu      sync.Mutex
 	q        []qframe      // frames to write; guarded by qmu

@@ -62,6 +62,7 @@ type Server struct {
 	gone       int                 // members whose connection ended
 	abort      *AbortError         // set once the job is aborted
 	gathers    map[uint64]*gather  // collectives under way, by number
+	collDone   uint64              // collectives complete: every one numbered below it
 	kv         map[string][]byte   // values put
 	gets       map[string][]getter // gets waiting for their key
 }
