@@ -290,10 +290,10 @@ func (e *engine) PeerFailed(rank int, err error) {
 
 // sourceFailed returns why nothing more can come to c from src: the
 // error of its failure (PeerFailed), or for AnySource, once every rank of
-// c but this one has failed, the first of theirs to fail (ULFM fails a wildcard
-// receive once any rank has failed; this waits for all, so that receives
-// from the living carry on). Messages a rank might still send itself do
-// not keep such a receive posted. The lock is held.
+// c but this one has failed, the error of the first of them to fail
+// (ULFM fails a wildcard receive once any rank has failed; this waits for
+// all, so that receives from the living carry on). Messages a rank might
+// still send itself do not keep such a receive posted. The lock is held.
 func (c *Comm) sourceFailed(src int) error {
 	e := c.e
 	if len(e.peerErr) == 0 {
