@@ -651,3 +651,26 @@ func TestPeerFailedAnySource(t *testing.T) {
 		t.Fatalf("a probe of any source: %v, want the first failure", err)
 	}
 }
+
+// TestPeerFailedAnySourceFirstFailure: the error of a receive from any
+// source once every other rank has failed wraps the first failure, as
+// sourceFailed says, whichever rank it was: here rank 2 fails before
+// rank 1.
+func TestPeerFailedAnySourceFirstFailure(t *testing.T) {
+	w := world(t, 3, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	anyone, err := w[0].Irecv(make([]byte, 8), AnySource, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := errors.New("test: rank 2 gone first"), errors.New("test: rank 1 gone second")
+	failPeer(w[0], 2, first)
+	failPeer(w[0], 1, second)
+	if _, err := anyone.Wait(ctx); !errors.Is(err, first) {
+		t.Fatalf("receive from any source once every other rank failed: %v, want the first failure (%v)", err, first)
+	}
+	if _, err := w[0].Irecv(make([]byte, 8), AnySource, 7); !errors.Is(err, first) {
+		t.Fatalf("a later receive from any source: %v, want the first failure (%v)", err, first)
+	}
+}

@@ -260,7 +260,10 @@ func (e *engine) pushed(from int, h header, body []byte) {
 // held.
 func (e *engine) PeerFailed(rank int, err error) {
 	if e.peerErr == nil {
-		e.peerErr = map[int]error{}
+		e.peerErr, e.peerOrder = map[int]error{}, map[int]int{}
+	}
+	if _, again := e.peerErr[rank]; !again {
+		e.peerOrder[rank] = len(e.peerErr)
 	}
 	e.peerErr[rank] = err
 	e.log.Error("comm: no more traffic from a rank", "rank", rank, "err", err)
@@ -287,10 +290,10 @@ func (e *engine) PeerFailed(rank int, err error) {
 
 // sourceFailed returns why nothing more can come to c from src: the
 // error of its failure (PeerFailed), or for AnySource, once every rank of
-// c but this one has failed, the first of theirs (ULFM fails a wildcard
-// receive once any rank has failed; this waits for all, so that receives
-// from the living carry on). Messages a rank might still send itself do
-// not keep such a receive posted. The lock is held.
+// c but this one has failed, the error of the first of them to fail
+// (ULFM fails a wildcard receive once any rank has failed; this waits for
+// all, so that receives from the living carry on). Messages a rank might
+// still send itself do not keep such a receive posted. The lock is held.
 func (c *Comm) sourceFailed(src int) error {
 	e := c.e
 	if len(e.peerErr) == 0 {
@@ -302,20 +305,19 @@ func (c *Comm) sourceFailed(src int) error {
 	if len(c.ranks) < 2 || len(e.peerErr) < len(c.ranks)-1 {
 		return nil
 	}
-	var first error
+	first := -1 // the world rank of c that failed first
 	for i, w := range c.ranks {
 		if i == c.rank {
 			continue
 		}
-		err := e.peerErr[w]
-		if err == nil {
+		if e.peerErr[w] == nil {
 			return nil
 		}
-		if first == nil {
-			first = err
+		if first < 0 || e.peerOrder[w] < e.peerOrder[first] {
+			first = w
 		}
 	}
-	return fmt.Errorf("comm: every other rank of the communicator has failed: %w", first)
+	return fmt.Errorf("comm: every other rank of the communicator has failed: %w", e.peerErr[first])
 }
 
 // dropCollective drops the messages waiting in c's collective context, to

@@ -94,14 +94,15 @@ var inprocDevices struct {
 	all []*softhca.Device
 }
 
-// inprocLateRounds adds up the late rounds of every device of this
-// process: a device's late answers time out its peers' requests.
-func inprocLateRounds() uint64 {
+// inprocLateRounds reads the late rounds of every device of this process,
+// by its place in inprocDevices: a device's late answers time out its
+// peers' requests.
+func inprocLateRounds() map[string]uint64 {
 	inprocDevices.mu.Lock()
 	defer inprocDevices.mu.Unlock()
-	var n uint64
-	for _, d := range inprocDevices.all {
-		n += d.Counters().LateRounds.Load()
+	n := make(map[string]uint64, len(inprocDevices.all))
+	for i, d := range inprocDevices.all {
+		n[strconv.Itoa(i)] = d.Counters().LateRounds.Load()
 	}
 	return n
 }

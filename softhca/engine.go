@@ -315,8 +315,11 @@ func (e *engine) noteLateRound() {
 	late := time.Duration(time.Now().UnixNano() - e.rxStamp)
 	e.rxStamp = 0
 	if late >= lateRound {
-		e.d.counters.LateRounds.Add(1)
+		// Its lateness first: a reader takes late_rounds before
+		// late_round_ns (Counters.Each), and sees a late round's time
+		// with it.
 		e.d.counters.LateRoundNs.Add(uint64(late))
+		e.d.counters.LateRounds.Add(1)
 	}
 }
 

@@ -33,13 +33,10 @@ func TestClientKilledStreaming(t *testing.T) {
 	// No transport timer may fire while a stream runs; after the kill one
 	// may, when the receiving device drops the dead client's QP before the
 	// sending one does.
-	// No transport timer may fire while a stream runs; after the kill one
-	// may, when the receiving device drops the dead client's QP before the
-	// sending one does.
 	timeouts := func() int64 { return transportTimeouts(t, a) + transportTimeouts(t, b) }
 	settled := timeouts()
 	for i := range 50 {
-		w := watchLossless(t, func() uint64 { return dirLateRounds(t, dir) })
+		w := watchLossless(t, func() map[string]uint64 { return dirLateRounds(t, dir) })
 		cmd, out := startClient(t, envStreamer+"="+a.Name+","+b.Name, softhca.RuntimeDirEnv+"="+dir)
 		line, err := bufio.NewReader(out).ReadString('\n')
 		if err != nil || line != "streaming\n" {

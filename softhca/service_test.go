@@ -59,7 +59,7 @@ func attach(t testing.TB, s *hcatest.Service) *verbs.Context {
 	before := transportTimeouts(t, s)
 	// A peer's late answers time out this device's requests: every device
 	// process of the test directory counts.
-	w := watchLossless(t, func() uint64 { return dirLateRounds(t, s.Dir) })
+	w := watchLossless(t, func() map[string]uint64 { return dirLateRounds(t, s.Dir) })
 	t.Cleanup(func() {
 		if n := transportTimeouts(t, s) - before; n > 0 && !isBenchmark(t) && !strings.Contains(t.Name(), "RetryExceeded") && !strings.Contains(t.Name(), "ResetAndReconnect") {
 			if why := w.excuse(t); why != "" {

@@ -70,16 +70,31 @@ func stalledSince(since time.Time) time.Duration {
 // (Counters.LateRounds), which the timer of its peer cannot tell from
 // loss.
 type lossless struct {
-	start        time.Time
-	drops, late0 uint64
-	late         func() uint64 // the devices' late rounds so far
+	start time.Time
+	drops uint64
+	late  func() map[string]uint64 // the late rounds so far of each device that answers, by name
+	late0 map[string]uint64        // late's answer when the watch started
 }
 
 // watchLossless starts gathering; late reads the late rounds of the
-// devices the stretch uses.
-func watchLossless(t testing.TB, late func() uint64) *lossless {
+// devices the stretch uses, by device: a device that goes away, or comes
+// back with its counters from zero, must not make the sum go down.
+func watchLossless(t testing.TB, late func() map[string]uint64) *lossless {
 	watchStalls()
 	return &lossless{start: time.Now(), drops: udpRcvbufErrors(t), late: late, late0: late()}
+}
+
+// lateSince returns the late rounds the devices counted since the watch
+// started: of each device that answers now, those it counted since (all
+// of them for one that was not there then).
+func (w *lossless) lateSince() uint64 {
+	var n uint64
+	for name, v := range w.late() {
+		if v > w.late0[name] {
+			n += v - w.late0[name]
+		}
+	}
+	return n
 }
 
 // excuse says what happened since the watch started that explains a
@@ -92,28 +107,29 @@ func (w *lossless) excuse(t testing.TB) string {
 	if n := udpRcvbufErrors(t) - w.drops; n > 0 {
 		why = append(why, fmt.Sprintf("the kernel dropped %d datagrams", n))
 	}
-	if n := w.late() - w.late0; n > 0 {
+	if n := w.lateSince(); n > 0 {
 		why = append(why, fmt.Sprintf("devices answered %d times 10 ms or more late", n))
 	}
 	return strings.Join(why, "; ")
 }
 
-// dirLateRounds adds up the late rounds of the device processes serving
-// in dir that answer.
-func dirLateRounds(t testing.TB, dir string) uint64 {
+// dirLateRounds reads the late rounds of the device processes serving in
+// dir that answer, by name.
+func dirLateRounds(t testing.TB, dir string) map[string]uint64 {
 	socks, err := filepath.Glob(filepath.Join(dir, "*.sock"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n uint64
+	n := map[string]uint64{}
 	for _, p := range socks {
-		cs, err := softhca.QueryCounters(context.Background(), dir, strings.TrimSuffix(filepath.Base(p), ".sock"))
+		name := strings.TrimSuffix(filepath.Base(p), ".sock")
+		cs, err := softhca.QueryCounters(context.Background(), dir, name)
 		if err != nil {
 			continue // gone, or not a device
 		}
 		for _, c := range cs {
 			if c.Name == "late_rounds" {
-				n += c.Value
+				n[name] = c.Value
 			}
 		}
 	}

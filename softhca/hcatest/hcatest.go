@@ -180,8 +180,52 @@ func (s *Service) stop(t testing.TB, exited chan error) {
 }
 
 // Signal sends sig to the device's process: SIGSTOP and SIGCONT stall it
-// as a loaded machine would.
+// as a loaded machine would. The process may go on running a while after
+// SIGSTOP: Stop waits until it has stopped.
 func (s *Service) Signal(sig os.Signal) error { return s.cmd.Process.Signal(sig) }
+
+// Stop sends SIGSTOP to the device's process and waits until every thread
+// of it has stopped. The kernel stops a process's threads one after the
+// other once one of them has taken the signal, which on a loaded machine
+// may run only milliseconds later; meanwhile the device goes on working.
+func (s *Service) Stop(t testing.TB) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	tasks := filepath.Join("/proc", fmt.Sprint(s.cmd.Process.Pid), "task")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+		if stoppedThreads(tasks) {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.cmd.Process.Signal(syscall.SIGCONT)
+			t.Fatalf("device process %s did not stop within 10 s of SIGSTOP", s.Name)
+		}
+	}
+}
+
+// stoppedThreads says whether every thread listed in tasks, a process's
+// /proc/PID/task, is stopped (or dead).
+func stoppedThreads(tasks string) bool {
+	ents, err := os.ReadDir(tasks)
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(tasks, e.Name(), "stat"))
+		if err != nil {
+			continue // the thread has gone
+		}
+		// The state follows the command, in parentheses that it may
+		// itself contain.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) == 0 || !strings.ContainsAny(f[0], "TtZX") {
+			return false
+		}
+	}
+	return true
+}
 
 // Counters reads the device's counters and object counts by name.
 func (s *Service) Counters(t testing.TB) map[string]uint64 {
