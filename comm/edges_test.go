@@ -623,54 +623,36 @@ func TestFreeAfterFailedCollective(t *testing.T) {
 
 // TestPeerFailedAnySource: a receive from any source waits on while one
 // rank of the communicator has failed, for the others may still send, and
-// fails once every other rank has: a posted one, a later one, and a probe.
+// fails once every other rank has, with the error of the first to fail
+// (whichever rank it was): a posted one, a later one, and a probe.
 // Before, they waited until their context ended.
 func TestPeerFailedAnySource(t *testing.T) {
-	w := world(t, 3, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	anyone, err := w[0].Irecv(make([]byte, 8), AnySource, 7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	broken1, broken2 := errors.New("test: rank 1 gone"), errors.New("test: rank 2 gone")
-	failPeer(w[0], 1, broken1)
-	if done, _, err := anyone.Test(); done {
-		t.Fatalf("a receive from any source completed (%v) with rank 2 still there", err)
-	}
-	failPeer(w[0], 2, broken2)
-	if _, err := anyone.Wait(ctx); !errors.Is(err, broken1) {
-		t.Fatalf("receive from any source once every other rank failed: %v, want the first failure", err)
-	}
-	if _, err := w[0].Irecv(make([]byte, 8), AnySource, 7); !errors.Is(err, broken1) {
-		t.Fatalf("a later receive from any source: %v, want the first failure", err)
-	}
-	pctx, pcancel := context.WithTimeout(ctx, 30*time.Second)
-	defer pcancel()
-	if _, err := w[0].Probe(pctx, AnySource, AnyTag); !errors.Is(err, broken1) {
-		t.Fatalf("a probe of any source: %v, want the first failure", err)
-	}
-}
-
-// TestPeerFailedAnySourceFirstFailure: the error of a receive from any
-// source once every other rank has failed wraps the first failure, as
-// sourceFailed says, whichever rank it was: here rank 2 fails before
-// rank 1.
-func TestPeerFailedAnySourceFirstFailure(t *testing.T) {
-	w := world(t, 3, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	anyone, err := w[0].Irecv(make([]byte, 8), AnySource, 7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, second := errors.New("test: rank 2 gone first"), errors.New("test: rank 1 gone second")
-	failPeer(w[0], 2, first)
-	failPeer(w[0], 1, second)
-	if _, err := anyone.Wait(ctx); !errors.Is(err, first) {
-		t.Fatalf("receive from any source once every other rank failed: %v, want the first failure (%v)", err, first)
-	}
-	if _, err := w[0].Irecv(make([]byte, 8), AnySource, 7); !errors.Is(err, first) {
-		t.Fatalf("a later receive from any source: %v, want the first failure (%v)", err, first)
+	for _, order := range [][2]int{{1, 2}, {2, 1}} {
+		t.Run(fmt.Sprintf("%d-then-%d", order[0], order[1]), func(t *testing.T) {
+			w := world(t, 3, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			anyone, err := w[0].Irecv(make([]byte, 8), AnySource, 7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := fmt.Errorf("test: rank %d gone first", order[0])
+			failPeer(w[0], order[0], first)
+			if done, _, err := anyone.Test(); done {
+				t.Fatalf("a receive from any source completed (%v) with rank %d still there", err, order[1])
+			}
+			failPeer(w[0], order[1], fmt.Errorf("test: rank %d gone second", order[1]))
+			if _, err := anyone.Wait(ctx); !errors.Is(err, first) {
+				t.Fatalf("receive from any source once every other rank failed: %v, want the first failure", err)
+			}
+			if _, err := w[0].Irecv(make([]byte, 8), AnySource, 7); !errors.Is(err, first) {
+				t.Fatalf("a later receive from any source: %v, want the first failure", err)
+			}
+			pctx, pcancel := context.WithTimeout(ctx, 30*time.Second)
+			defer pcancel()
+			if _, err := w[0].Probe(pctx, AnySource, AnyTag); !errors.Is(err, first) {
+				t.Fatalf("a probe of any source: %v, want the first failure", err)
+			}
+		})
 	}
 }
