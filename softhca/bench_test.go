@@ -43,7 +43,8 @@ var benchEnvs = []verbstest.Env{
 	}},
 	{Name: "two-device-processes", Open: func(t testing.TB) (a, b *verbs.Context) {
 		dir := t.TempDir()
-		return attach(t, hcatest.Start(t, dir)), attach(t, hcatest.Start(t, dir))
+		sa, sb := hcatest.Start(t, dir), hcatest.Start(t, dir) // both up for attach's checks
+		return attach(t, sa), attach(t, sb)
 	}},
 }
 

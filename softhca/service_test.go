@@ -127,7 +127,12 @@ func TestConformanceOutOfProcess(t *testing.T) {
 	})
 	t.Run("TwoDevices", func(t *testing.T) {
 		verbstest.Run(t, verbstest.Env{Name: "two device processes", Open: func(t testing.TB) (a, b *verbs.Context) {
-			return attach(t, hcatest.Start(t, dir)), attach(t, hcatest.Start(t, dir))
+			// Both devices start before either is attached, so that both
+			// are still up when attach's checks run (cleanups run last
+			// first): a device's timeouts may be excused by its peer's
+			// late rounds.
+			sa, sb := hcatest.Start(t, dir), hcatest.Start(t, dir)
+			return attach(t, sa), attach(t, sb)
 		}})
 	})
 }
