@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -162,4 +163,53 @@ func (l *failingListener) Accept() (net.Conn, error) {
 		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
 	}
 	return l.Listener.Accept()
+}
+
+// TestRequestRepliesChecked: a server that answers a get with a put's
+// answer (here one saying the key exists), or a put with a get's answer,
+// is broken: the call fails with a protocol error, and so does the client
+// afterwards. Get returned an empty value and no error, and Put succeeded.
+func TestRequestRepliesChecked(t *testing.T) {
+	for _, get := range []bool{true, false} {
+		t.Run(map[bool]string{true: "get", false: "put"}[get], func(t *testing.T) {
+			addr := fakeServer(t, 1, func(fc *frameConn) error {
+				typ, p, err := fc.read(maxFromRank)
+				if err != nil {
+					return err
+				}
+				m, err := decodeMessage(typ, p)
+				if err != nil {
+					return err
+				}
+				switch m := m.(type) {
+				case *msgGet:
+					return fc.send(&msgPutDone{ID: m.ID, Err: "the key already holds a different value"})
+				case *msgPut:
+					return fc.send(&msgGot{ID: m.ID, Val: []byte("value")})
+				}
+				return fmt.Errorf("the client sent a %v", typ)
+			})
+			ctx := testCtx(t)
+			c, err := Join(ctx, addr, testKey, Member{Rank: 0}, 1, ClientConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if get {
+				var v []byte
+				v, err = c.Get(ctx, "k")
+				if err == nil {
+					t.Fatalf("get answered by a put's answer: %q, no error", v)
+				}
+			} else {
+				err = c.Put(ctx, "k", []byte("v"))
+			}
+			if !errors.Is(err, ErrProtocol) {
+				t.Fatalf("answered wrongly: %v, want a protocol error", err)
+			}
+			if err := c.Barrier(ctx); !errors.Is(err, ErrProtocol) {
+				t.Fatalf("the client goes on after the bad reply: %v", err)
+			}
+		})
+	}
 }

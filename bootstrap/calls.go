@@ -148,12 +148,30 @@ func (c *Client) collective(ctx context.Context, kind uint8, rec []byte) (reply,
 	return r, err
 }
 
-// request sends a put or get made by mk and waits for its reply. For a get
-// (cancel) that ctx ends after it was sent, the server is told to forget
-// it, with the next frame: a rank that polls for a key with short
-// contexts would otherwise leave a getter on the server per try, each of
-// which the server answers with the whole value once the key is put.
-func (c *Client) request(ctx context.Context, mk func(id uint64) message, cancel bool) (reply, error) {
+// request sends a put or get made by mk and waits for its reply, which
+// must be a get's answer for a get and a put's for a put: a server that
+// answers one with the other is broken, and the client ends with ErrLost
+// rather than take a put's answer for an empty value. For a get that ctx
+// ends after it was sent, the server is told to forget it, with the next
+// frame: a rank that polls for a key with short contexts would otherwise
+// leave a getter on the server per try, each of which the server answers
+// with the whole value once the key is put.
+func (c *Client) request(ctx context.Context, mk func(id uint64) message, get bool) (reply, error) {
+	r, err := c.exchange(ctx, mk, get)
+	if err == nil && r.got != get {
+		what := "a put's answer to a get"
+		if r.got {
+			what = "a get's answer to a put"
+		}
+		err = fmt.Errorf("%w: %w", ErrLost, protoErr("unexpected", "%s", what))
+		c.fail(err)
+	}
+	return r, err
+}
+
+// exchange is request but for the check of the answer's kind; cancel
+// says whether to withdraw the request when ctx ends.
+func (c *Client) exchange(ctx context.Context, mk func(id uint64) message, cancel bool) (reply, error) {
 	if err := ctx.Err(); err != nil {
 		return reply{}, err
 	}

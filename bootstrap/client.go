@@ -65,6 +65,7 @@ type Client struct {
 type reply struct {
 	recs [][]byte
 	val  []byte
+	got  bool // a get's answer (msgGot), not a put's
 	err  error
 }
 
@@ -188,7 +189,7 @@ func (c *Client) readLoop() {
 			}
 			c.deliver(c.reqs, m.ID, reply{err: err})
 		case *msgGot:
-			c.deliver(c.reqs, m.ID, reply{val: m.Val})
+			c.deliver(c.reqs, m.ID, reply{val: m.Val, got: true})
 		case *msgAbort:
 			c.fail(&AbortError{Rank: int(m.Rank), Lost: m.Lost, Reason: m.Reason})
 			return
