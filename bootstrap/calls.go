@@ -157,21 +157,6 @@ func (c *Client) collective(ctx context.Context, kind uint8, rec []byte) (reply,
 // leave a getter on the server per try, each of which the server answers
 // with the whole value once the key is put.
 func (c *Client) request(ctx context.Context, mk func(id uint64) message, get bool) (reply, error) {
-	r, err := c.exchange(ctx, mk, get)
-	if err == nil && r.got != get {
-		what := "a put's answer to a get"
-		if r.got {
-			what = "a get's answer to a put"
-		}
-		err = fmt.Errorf("%w: %w", ErrLost, protoErr("unexpected", "%s", what))
-		c.fail(err)
-	}
-	return r, err
-}
-
-// exchange is request but for the check of the answer's kind; cancel
-// says whether to withdraw the request when ctx ends.
-func (c *Client) exchange(ctx context.Context, mk func(id uint64) message, cancel bool) (reply, error) {
 	if err := ctx.Err(); err != nil {
 		return reply{}, err
 	}
@@ -188,7 +173,15 @@ func (c *Client) exchange(ctx context.Context, mk func(id uint64) message, cance
 	err := c.send(ctx, appendFrame(nil, mk(id)))
 	sent := err == nil
 	r, err := c.wait(ctx, c.reqs, id, ch, err)
-	if cancel && sent && err != nil && ctx.Err() != nil && c.Err() == nil {
+	switch {
+	case err == nil && r.got != get:
+		what := "a put's answer to a get"
+		if r.got {
+			what = "a get's answer to a put"
+		}
+		err = fmt.Errorf("%w: %w", ErrLost, protoErr("unexpected", "%s", what))
+		c.fail(err)
+	case get && sent && err != nil && ctx.Err() != nil && c.Err() == nil:
 		c.mu.Lock()
 		c.cancels = append(c.cancels, id)
 		c.mu.Unlock()

@@ -23,7 +23,7 @@ import (
 // which every rank's client, the offender's included, ends with: the
 // protocol has no answer that refuses one get or one collective and that
 // every client understands (a put-done's error is ErrKeyExists, and a
-// client of this version takes one for a get as an empty value), and a
+// client before this bound took one for a get as an empty value), and a
 // collective refused to one rank would leave its numbering out of step
 // with the others' for good. The server itself goes on, and frees what
 // the rank held. Refusals are counted by

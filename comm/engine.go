@@ -43,8 +43,7 @@ type engine struct {
 	nextID     uint64
 	backlog    map[int][]queued // frames to a rank that did not fit yet, in order
 	bad        uint64           // malformed or impossible frames received
-	peerErr    map[int]error    // by world rank: why a transport stopped carrying its traffic
-	peerOrder  map[int]int      // by world rank in peerErr: how many ranks had failed before it
+	failed     map[int]failure  // by world rank: the ranks a transport stopped carrying traffic from
 
 	hdr          [hdrLen]byte  // scratch for a frame's header, under the lock
 	parts        [2][]byte     // scratch for a frame's parts in send, under the lock

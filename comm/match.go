@@ -259,13 +259,15 @@ func (e *engine) pushed(from int, h header, body []byte) {
 // communicator has failed (sourceFailed). Progress calls it, with the lock
 // held.
 func (e *engine) PeerFailed(rank int, err error) {
-	if e.peerErr == nil {
-		e.peerErr, e.peerOrder = map[int]error{}, map[int]int{}
+	if e.failed == nil {
+		e.failed = map[int]failure{}
 	}
-	if _, again := e.peerErr[rank]; !again {
-		e.peerOrder[rank] = len(e.peerErr)
+	f, again := e.failed[rank]
+	if !again {
+		f.before = len(e.failed)
 	}
-	e.peerErr[rank] = err
+	f.err = err
+	e.failed[rank] = f
 	e.log.Error("comm: no more traffic from a rank", "rank", rank, "err", err)
 	for ctx, q := range e.posted {
 		kept := q[:0]
@@ -296,28 +298,36 @@ func (e *engine) PeerFailed(rank int, err error) {
 // still send itself do not keep such a receive posted. The lock is held.
 func (c *Comm) sourceFailed(src int) error {
 	e := c.e
-	if len(e.peerErr) == 0 {
+	if len(e.failed) == 0 {
 		return nil
 	}
 	if src != AnySource {
-		return e.peerErr[c.ranks[src]]
+		return e.failed[c.ranks[src]].err
 	}
-	if len(c.ranks) < 2 || len(e.peerErr) < len(c.ranks)-1 {
+	if len(c.ranks) < 2 || len(e.failed) < len(c.ranks)-1 {
 		return nil
 	}
-	first := -1 // the world rank of c that failed first
+	var first failure // of the ranks of c, the one that failed first
 	for i, w := range c.ranks {
 		if i == c.rank {
 			continue
 		}
-		if e.peerErr[w] == nil {
+		f, ok := e.failed[w]
+		if !ok {
 			return nil
 		}
-		if first < 0 || e.peerOrder[w] < e.peerOrder[first] {
-			first = w
+		if first.err == nil || f.before < first.before {
+			first = f
 		}
 	}
-	return fmt.Errorf("comm: every other rank of the communicator has failed: %w", e.peerErr[first])
+	return fmt.Errorf("comm: every other rank of the communicator has failed: %w", first.err)
+}
+
+// failure is why a transport stopped carrying a rank's traffic
+// (PeerFailed), and how many ranks had failed before it.
+type failure struct {
+	err    error
+	before int
 }
 
 // dropCollective drops the messages waiting in c's collective context, to

@@ -29,8 +29,13 @@ const stallEvidence = 10 * time.Millisecond
 var stalls struct {
 	once sync.Once
 	mu   sync.Mutex
-	at   []time.Time     // when each stall ended
-	d    []time.Duration // how long it was
+	seen []stall
+}
+
+// stall is one the watch saw: when it ended, and how long it was.
+type stall struct {
+	end time.Time
+	d   time.Duration
 }
 
 // watchStalls starts the watch, once per test process.
@@ -42,7 +47,7 @@ func watchStalls() {
 				time.Sleep(time.Millisecond)
 				if over := time.Since(t0) - time.Millisecond; over >= stallEvidence {
 					stalls.mu.Lock()
-					stalls.at, stalls.d = append(stalls.at, time.Now()), append(stalls.d, over)
+					stalls.seen = append(stalls.seen, stall{time.Now(), over})
 					stalls.mu.Unlock()
 				}
 			}
@@ -55,9 +60,9 @@ func stalledSince(since time.Time) time.Duration {
 	stalls.mu.Lock()
 	defer stalls.mu.Unlock()
 	var longest time.Duration
-	for i, at := range stalls.at {
-		if at.After(since) {
-			longest = max(longest, stalls.d[i])
+	for _, s := range stalls.seen {
+		if s.end.After(since) {
+			longest = max(longest, s.d)
 		}
 	}
 	return longest
