@@ -149,7 +149,7 @@ func (c *Client) register(key, endpoint []byte, rnd io.Reader) error {
 		if err != nil {
 			return err
 		}
-		return &AbortError{Rank: int(a.Rank), Lost: a.Lost, Reason: a.Reason}
+		return &AbortError{Rank: int(a.Rank), Lost: a.Lost, Blamed: a.Blamed, Reason: a.Reason}
 	}
 	ready, err := expect[*msgReady](t, p, tReady)
 	if err != nil {
@@ -191,7 +191,7 @@ func (c *Client) readLoop() {
 		case *msgGot:
 			c.deliver(c.reqs, m.ID, reply{val: m.Val, got: true})
 		case *msgAbort:
-			c.fail(&AbortError{Rank: int(m.Rank), Lost: m.Lost, Reason: m.Reason})
+			c.fail(&AbortError{Rank: int(m.Rank), Lost: m.Lost, Blamed: m.Blamed, Reason: m.Reason})
 			return
 		default:
 			c.fail(fmt.Errorf("%w: %w", ErrLost, protoErr("unexpected", "a %v message from the server", t)))

@@ -49,7 +49,10 @@
 // for keys nobody has put (their keys totalling 16 MiB at most), and 16
 // collectives entered and not complete. A rank that calls Get and the
 // collectives as a program with a few goroutines does never nears them; a
-// request past them aborts the job with an *AbortError naming the rank.
+// request past them aborts the job with an *AbortError naming the rank
+// (Blamed is then true, as for a rank that mismatched a collective or
+// left one it had to take part in: the server aborted the job because of
+// it; when Lost and Blamed are both false, the rank called Abort).
 //
 // A rank whose connection ends before it called Close aborts the job, and
 // every other rank's client ends with an *AbortError naming it (Lost is

@@ -35,7 +35,8 @@ var (
 type AbortError struct {
 	Rank   int    // the rank that aborted or was lost; -1 for the launcher (the server)
 	Lost   bool   // Rank's connection ended before it closed its client
-	Reason string // the reason given to Abort, or why the rank was lost
+	Blamed bool   // the server aborted the job over Rank's requests; Rank did not call Abort
+	Reason string // the reason given to Abort, or why the rank was lost or blamed
 }
 
 func (e *AbortError) Error() string {
@@ -44,6 +45,8 @@ func (e *AbortError) Error() string {
 		return fmt.Sprintf("bootstrap: job aborted by the launcher: %s", e.Reason)
 	case e.Lost:
 		return fmt.Sprintf("bootstrap: job aborted: rank %d was lost: %s", e.Rank, e.Reason)
+	case e.Blamed:
+		return fmt.Sprintf("bootstrap: job aborted because of rank %d: %s", e.Rank, e.Reason)
 	default:
 		return fmt.Sprintf("bootstrap: job aborted by rank %d: %s", e.Rank, e.Reason)
 	}

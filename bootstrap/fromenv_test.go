@@ -73,7 +73,7 @@ func TestFromEnvAbortWorldOfOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-c.Done()
-	if _, err := c.Get(ctx, "k"); wantAbort(err, 0, false, "why not") != nil {
+	if _, err := c.Get(ctx, "k"); wantAbort(err, 0, howCalled, "why not") != nil {
 		t.Fatalf("Get after Abort: %v", err)
 	}
 }

@@ -60,7 +60,7 @@ func seedMessages() []message {
 		&msgGathered{Seq: 3, Recs: [][]byte{[]byte("a"), nil}}, &msgGathered{Seq: 4},
 		&msgPut{ID: 1, Key: "k", Val: []byte("v")}, &msgPutDone{ID: 1, Err: "x"},
 		&msgGet{ID: 2, Key: "k"}, &msgGot{ID: 2, Val: []byte("v")},
-		&msgAbort{Rank: -1, Reason: "r"}, &msgAbort{Rank: 3, Lost: true}, &msgLeave{}, &msgCancel{ID: 7},
+		&msgAbort{Rank: -1, Reason: "r"}, &msgAbort{Rank: 3, Lost: true}, &msgAbort{Rank: 2, Blamed: true, Reason: "b"}, &msgLeave{}, &msgCancel{ID: 7},
 	}
 }
 

@@ -73,7 +73,7 @@ const (
 func (s *Server) refuseLocked(c *sconn, limit, reason string) {
 	s.m.refusedRequests.WithLabelValues(limit).Inc()
 	s.log.Warn("bootstrap: a rank's request passes a bound; aborting the job", "rank", c.rank, "limit", limit, "reason", reason)
-	s.abortLocked(&AbortError{Rank: c.rank, Reason: cut(reason, maxReason)})
+	s.abortLocked(&AbortError{Rank: c.rank, Blamed: true, Reason: cut(reason, maxReason)})
 }
 
 // handle serves one request of a registered rank. An error ends the
@@ -144,7 +144,7 @@ func (s *Server) handle(c *sconn, t msgType, p []byte) error {
 		s.dropGetsLocked(c)
 		for seq, g := range s.gathers {
 			if !g.have[c.rank] && s.abort == nil {
-				s.abortLocked(&AbortError{Rank: c.rank, Reason: fmt.Sprintf("it closed before taking part in collective %d (%s by rank %d)", seq, kindName(g.kind), g.first)})
+				s.abortLocked(&AbortError{Rank: c.rank, Blamed: true, Reason: fmt.Sprintf("it closed before taking part in collective %d (%s by rank %d)", seq, kindName(g.kind), g.first)})
 			}
 		}
 	default:
@@ -201,20 +201,20 @@ func (s *Server) gatherLocked(c *sconn, m *msgGather) error {
 		s.gathers[m.Seq] = g
 		for _, o := range s.members {
 			if o.left && o.nextSeq <= m.Seq {
-				s.abortLocked(&AbortError{Rank: o.rank, Reason: fmt.Sprintf("it closed before collective %d (%s by rank %d)", m.Seq, kindName(m.Kind), c.rank)})
+				s.abortLocked(&AbortError{Rank: o.rank, Blamed: true, Reason: fmt.Sprintf("it closed before collective %d (%s by rank %d)", m.Seq, kindName(m.Kind), c.rank)})
 				return nil
 			}
 		}
 	}
 	if g.kind != m.Kind {
-		s.abortLocked(&AbortError{Rank: c.rank, Reason: fmt.Sprintf("collective %d: it called %s where rank %d called %s", m.Seq, kindName(m.Kind), g.first, kindName(g.kind))})
+		s.abortLocked(&AbortError{Rank: c.rank, Blamed: true, Reason: fmt.Sprintf("collective %d: it called %s where rank %d called %s", m.Seq, kindName(m.Kind), g.first, kindName(g.kind))})
 		return nil
 	}
 	g.recs[c.rank], g.have[c.rank] = m.Rec, true
 	g.n++
 	g.bytes += 4 + len(m.Rec)
 	if g.bytes > MaxGather {
-		s.abortLocked(&AbortError{Rank: c.rank, Reason: fmt.Sprintf("collective %d: the records total more than %d bytes", m.Seq, MaxGather)})
+		s.abortLocked(&AbortError{Rank: c.rank, Blamed: true, Reason: fmt.Sprintf("collective %d: the records total more than %d bytes", m.Seq, MaxGather)})
 		return nil
 	}
 	if g.n < s.size {
@@ -247,8 +247,8 @@ func (s *Server) abortLocked(a *AbortError) {
 	}
 	s.abort = a
 	s.m.aborts.Inc()
-	s.log.Error("bootstrap: job aborted", "rank", a.Rank, "lost", a.Lost, "reason", a.Reason)
-	s.broadcastLocked(appendFrame(nil, &msgAbort{Rank: int32(a.Rank), Lost: a.Lost, Reason: a.Reason}))
+	s.log.Error("bootstrap: job aborted", "rank", a.Rank, "lost", a.Lost, "blamed", a.Blamed, "reason", a.Reason)
+	s.broadcastLocked(appendFrame(nil, &msgAbort{Rank: int32(a.Rank), Lost: a.Lost, Blamed: a.Blamed, Reason: a.Reason}))
 	clear(s.gathers)
 	clear(s.gets)
 	for _, o := range s.members {

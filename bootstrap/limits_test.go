@@ -153,13 +153,13 @@ func checkRefused(t *testing.T, ts *testServer, rc *rawConn, c1 *Client, limit, 
 		}(),
 	} {
 		var ae *AbortError
-		if !errors.As(err, &ae) || ae.Rank != 0 || !strings.Contains(ae.Reason, want) {
+		if !errors.As(err, &ae) || ae.Rank != 0 || !ae.Blamed || !strings.Contains(ae.Reason, want) {
 			t.Fatalf("rank 1's %s after the refusal: %v", what, err)
 		}
 	}
 	rc.Close()
 	var ae *AbortError
-	if err := ts.result(t); !errors.As(err, &ae) || ae.Rank != 0 {
+	if err := ts.result(t); !errors.As(err, &ae) || ae.Rank != 0 || !strings.Contains(err.Error(), "aborted because of rank 0: ") {
 		t.Fatalf("Serve: %v", err)
 	}
 }

@@ -358,35 +358,50 @@ func gotFrame(id uint64, val []byte) (head, body []byte) {
 	return head, val
 }
 
-// msgAbort from a rank asks to abort the job (Rank and Lost are ignored);
-// from the server it tells that the job is aborted.
+// msgAbort from a rank asks to abort the job (Rank, Lost and Blamed are
+// ignored); from the server it tells that the job is aborted. On the wire
+// Lost and Blamed are one byte: 0 (the rank called Abort), 1 (lost) or
+// 2 (blamed).
 type msgAbort struct {
 	Rank   int32 // -1: the launcher
 	Lost   bool
+	Blamed bool
 	Reason string
 }
 
 // maxReason is the longest abort reason carried; longer ones are cut.
 const maxReason = 4096
 
+// The abort's cause byte.
+const (
+	abortCalled = 0
+	abortLost   = 1
+	abortBlamed = 2
+)
+
 func (*msgAbort) typ() msgType { return tAbort }
 func (m *msgAbort) encode(e *encoder) {
 	e.u32(uint32(m.Rank))
-	lost := uint8(0)
-	if m.Lost {
-		lost = 1
+	cause := uint8(abortCalled)
+	switch {
+	case m.Lost:
+		cause = abortLost
+	case m.Blamed:
+		cause = abortBlamed
 	}
-	e.u8(lost)
+	e.u8(cause)
 	e.str(m.Reason)
 }
 func (m *msgAbort) decode(d *decoder) {
 	m.Rank = int32(d.u32())
 	switch d.u8() {
-	case 0:
-	case 1:
+	case abortCalled:
+	case abortLost:
 		m.Lost = true
+	case abortBlamed:
+		m.Blamed = true
 	default:
-		d.fail("bad flag")
+		d.fail("bad cause")
 	}
 	m.Reason = d.str(maxReason)
 	if m.Rank < -1 {

@@ -16,7 +16,7 @@ import (
 // version; every later message is of this version.
 const (
 	magic        = "XRCB"
-	protoVersion = 2
+	protoVersion = 3 // 3: an abort can blame a rank
 	headerLen    = 5
 	nonceLen     = 32
 	proofLen     = 32

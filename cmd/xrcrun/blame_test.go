@@ -62,7 +62,7 @@ func TestBlameTerminatedRankThatExitedZero(t *testing.T) {
 // while the others waited for it in a collective, then exited 0. The
 // report must not say it never called Finalize.
 func TestBlameRankThatClosedBeforeCollective(t *testing.T) {
-	j := blameJob(&bootstrap.AbortError{Rank: 2, Reason: "it closed before taking part in collective 3 (barrier by rank 0)"})
+	j := blameJob(&bootstrap.AbortError{Rank: 2, Blamed: true, Reason: "it closed before taking part in collective 3 (barrier by rank 0)"})
 	now := time.Now().UnixNano()
 	j.message(0, message{T: msgExit, Rank: 2, Code: 0, Time: now})
 	j.message(0, message{T: msgExit, Rank: 0, Code: 1, Time: now + 1, Err: "comm: the job ended"})
@@ -73,5 +73,8 @@ func TestBlameRankThatClosedBeforeCollective(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "no Finalize") {
 		t.Errorf("report:\n%v\nclaims rank 2 did not call Finalize; the server said: it closed before taking part in collective 3", err)
+	}
+	if !strings.Contains(err.Error(), "rank 2 (node 0): exit status 0: the rendezvous ended the job because of it: it closed before") {
+		t.Errorf("report:\n%v\nwant rank 2 reported as the rank the rendezvous ended the job over", err)
 	}
 }

@@ -386,8 +386,11 @@ func (j *job) blameCulprit() {
 	}
 	if r := ae.Rank; r < len(j.quitAt) && j.quitAt[r] != 0 {
 		detail := "it ended the others: " + ae.Reason
-		if ae.Lost {
+		switch {
+		case ae.Lost:
 			detail = "it exited without leaving the job (no Finalize or Client.Close), which ended the others"
+		case ae.Blamed:
+			detail = "the rendezvous ended the job because of it: " + ae.Reason
 		}
 		node := j.place.Node[r]
 		j.failures = append(j.failures, rankFailure{Rank: r, Node: node, Host: j.hostOf(node), Time: first - 1, Detail: detail})
