@@ -2,10 +2,12 @@ package comm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/xrcrun/xrc/bootstrap"
 	"github.com/xrcrun/xrc/softhca"
 )
 
@@ -80,5 +82,46 @@ func TestFailedPeerBacklog(t *testing.T) {
 	}
 	if err := <-errc; err != nil {
 		t.Fatal(fmt.Errorf("rank 2: %w", err))
+	}
+}
+
+// TestLazyPeerGoneBeforeReady: with lazy connection, rank 0 sends to rank
+// 1 on another node, which makes no call and so never answers rank 0's
+// hello: the send waits for rank 1's ready. Rank 1 then leaves the job
+// without finalizing, and the rendezvous server aborts the job, as it does
+// when a rank's process dies (here rank 1's client aborts the job, which
+// does not exit the test): rank 0's send fails with the job's end instead
+// of waiting for a ready that will not come, and both ranks finalize.
+func TestLazyPeerGoneBeforeReady(t *testing.T) {
+	for _, tr := range []string{"rc", "xrc"} {
+		t.Run(tr, func(t *testing.T) {
+			comms := worldOn(t, 2, layout{nodeOf: func(r int) int { return r }, connect: "lazy", transport: tr})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			req, err := comms[0].Isend([]byte("hello"), 1, 5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 100 {
+				if done, _, err := req.Test(); done {
+					t.Fatalf("the send completed (%v) though rank 1 never answered the hello", err)
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			if rep := comms[0].Report(); rep.RCQPs+rep.INIQPs == 0 {
+				t.Fatalf("rank 0 made no QP for rank 1: %+v", rep)
+			}
+			comms[1].boot.Abort(ctx, "gone")
+			_, err = req.Wait(ctx)
+			if !errors.Is(err, bootstrap.ErrAborted) || ctx.Err() != nil {
+				t.Fatalf("the send to rank 1, gone before its ready: %v, want the job's abort", err)
+			}
+			t.Logf("the send: %v", err)
+			for r, c := range comms {
+				if err := c.Finalize(ctx); ctx.Err() != nil {
+					t.Fatalf("rank %d: finalize after the abort did not return: %v", r, err)
+				}
+			}
+		})
 	}
 }
