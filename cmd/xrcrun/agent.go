@@ -82,6 +82,7 @@ type agent struct {
 	node int
 	log  *slog.Logger
 	conn *ctrlConn
+	grd  *guard // kills the ranks' groups if the agent is killed; see guard.go
 
 	mu          sync.Mutex
 	ranks       map[int]*rankProc // the running ranks; guarded by mu
@@ -108,6 +109,12 @@ func (a *agent) run(ctx context.Context) error {
 	if err := a.conn.send(message{T: msgReady, Device: dev.name, Addr: dev.addr, Host: host}); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
+	// Closed as run returns: the groups then not ended, of ranks finish
+	// gave up on, the guard kills.
+	if a.grd, err = startGuard(a.log); err != nil {
+		a.log.Warn("no guard: what the ranks start outlives an agent killed outright", "err", err)
+	}
+	defer a.grd.close()
 	ranks := a.spec.At.Ranks
 	for local, r := range ranks {
 		a.startRank(r, local, len(ranks), dev)

@@ -197,7 +197,9 @@ func (j *job) rankEnded(r int) {
 // SIGKILL, the OOM killer): a rank dies with its agent (its parent-death
 // signal), but what it started lives on in its group. A group outlives its
 // leader, and while it does the kernel gives its number to no other
-// process. Remote nodes' agents cannot be reached once gone.
+// process. Remote nodes' agents cannot be reached once gone: there, and
+// here too, the agent's guard kills those groups (guard.go); this covers a
+// guard killed with its agent.
 func (j *job) killOrphans(node int) {
 	if j.mode != modeLocal {
 		return

@@ -20,6 +20,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == guardCommand {
+		os.Exit(runGuard()) // with no handlers: it ignores the signals below
+	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	sigs := make(chan os.Signal, 4)
 	// SIGHUP (the terminal or ssh session closed) ends the job as SIGTERM

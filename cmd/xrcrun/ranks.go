@@ -127,6 +127,7 @@ func (a *agent) startRank(r, local, size int, dev *nodeDevice) {
 	a.ranks[r] = p
 	a.wg.Add(1)
 	a.mu.Unlock()
+	a.grd.started(cmd.Process.Pid)
 	a.conn.send(message{T: msgStarted, Rank: r, PID: cmd.Process.Pid})
 	a.log.Debug("rank started", "rank", r, "pid", cmd.Process.Pid)
 
@@ -142,11 +143,23 @@ func (a *agent) startRank(r, local, size int, dev *nodeDevice) {
 	}
 	go func() {
 		defer a.wg.Done()
-		werr := cmd.Wait()
+		// Until the rank is reaped its group's number is its own: whatever
+		// it left in its process group goes with it, and the guard forgets
+		// the group, before the number is free. (Should waitid fail, the
+		// rank is reaped first.)
+		var werr error
+		err := waitExited(cmd.Process.Pid)
+		if err != nil {
+			a.log.Warn("rank", "rank", r, "err", err)
+			werr = cmd.Wait()
+		}
 		at := time.Now().UnixNano()
 		p.exited.Store(true)
-		// Whatever the rank left in its process group goes with it.
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		a.grd.ended(cmd.Process.Pid)
+		if err == nil {
+			werr = cmd.Wait()
+		}
 		relayed := make(chan struct{})
 		go func() { relay.Wait(); close(relayed) }()
 		// A descendant outside the group may hold the pipes: they are
