@@ -336,11 +336,17 @@ func mtuEnum(n int) uint8 {
 // ProcessSpinIdle is the SpinIdle of a device process (xrcrun hca, the
 // devices xrcrun starts for emulated nodes): with SpinYield, a spin of this
 // length bridges the gap between a client's completion and its next
-// request, which otherwise costs a sleeping process a wake-up. On the
-// project's 2-CPU test machine it halved the round trip of an 8-byte SEND
-// between two device processes (BenchmarkSendLatency/two-device-processes,
-// median: 44–49 µs without a spin, 21–25 µs with it; README, "Measured").
-const ProcessSpinIdle = 50 * time.Microsecond
+// request, which otherwise costs a sleeping process a wake-up. It is
+// longer than a round trip under contention: on a 2-CPU machine a device
+// that shares its CPU with a polling client sees round trips of 50 to
+// 150 µs, and one that slept through each paid an idle CPU's wake-up and
+// its runtime's, which made the next round trip longer still. Against
+// 50 µs, alternated eight times each (docs/benchmarks.md, "Device
+// spin"), 1 ms took the median 8-byte SEND round trip between two device
+// processes from 45.5 to 40.6 µs and the 1 MiB WRITE stream from 2.54 to
+// 3.02 GB/s. A device with no work sleeps after it, and gives its CPU to
+// any other runnable thread between polls until then.
+const ProcessSpinIdle = time.Millisecond
 
 // Clock is the time source of the device's timers.
 type Clock interface {
