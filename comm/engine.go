@@ -348,7 +348,9 @@ const spinAlone = 50 * time.Microsecond
 // drive progresses until cond holds, polling for e.spin after the last
 // thing that happened (with a negative e.spin, for e.yield with a
 // sched_yield between polls, or twice) and then sleeping on the rank's
-// bell. From spinAlone after it began, a spin yields its P between polls.
+// bell, which the devices' transports ring only if armed just before the
+// sleep (transport.Armer). From spinAlone after it began, a spin yields
+// its P between polls.
 // The caller holds the token.
 func (e *engine) drive(ctx context.Context, cond func() bool) error {
 	var stop func() bool // the context's wake-up, armed before the first sleep
@@ -424,15 +426,48 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 			}
 			continue
 		}
-		// Sleep until a sender rings; the timeout bounds how late a
-		// wake-up that is not a frame (a backlog's room, the job's
-		// end) is noticed.
+		// Sleep until a sender rings or a device completes; the timeout
+		// bounds how late a wake-up that is not a frame (a backlog's
+		// room, the job's end) is noticed. The devices' transports are
+		// armed only now, and polled once more after the arm, which
+		// announces nothing that came before it.
 		if stop == nil && ctx.Done() != nil { // a context that cannot end needs none
 			stop = context.AfterFunc(ctx, e.kick)
+		}
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			return ErrFinalized
+		}
+		seq = bell.Seq()
+		err = e.arm()
+		if err == nil {
+			n, err = e.progress()
+		}
+		e.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if n > 0 || cond() {
+			idleSince = time.Time{}
+			continue
 		}
 		if err := bell.WaitFrom(seq, 10*time.Millisecond); err != nil {
 			return err
 		}
 		idleSince = time.Time{}
 	}
+}
+
+// arm asks the transports whose work comes from a device to kick the
+// rank's bell at the next completion (transport.Armer). The lock is held.
+func (e *engine) arm() error {
+	for _, tr := range e.trs {
+		if a, ok := tr.(transport.Armer); ok {
+			if err := a.Arm(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

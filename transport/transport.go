@@ -85,6 +85,19 @@ type Transport interface {
 	Close() error
 }
 
+// Armer is a Transport whose Progress finds work that arrives without the
+// caller's Kick: completions of a device. Arm asks for one Kick at the next
+// such arrival. The caller arms only before it sleeps, then runs Progress
+// once more (what arrived before the arm may not kick) and sleeps only if
+// that found nothing. While the caller polls, nothing is armed, so that a
+// busy rank costs the device no events and its own process no wake-ups.
+// Arming again while armed, or after a Kick that the caller has not slept
+// for, is cheap and harmless.
+type Armer interface {
+	Transport
+	Arm() error
+}
+
 // ErrUnreachable reports a rank the transport does not carry traffic to.
 var ErrUnreachable = errors.New("transport: rank not reachable by this transport")
 

@@ -9,3 +9,7 @@ import "github.com/xrcrun/xrc/transport"
 // it first connects the QPs whose requests came. The handler may call
 // TrySend and Read. It returns how many frames and reads it delivered.
 func (t *Transport) Progress(h transport.Handler) (int, error) { return t.e.Progress(h) }
+
+// Arm asks for a Kick at the next completion (transport.Armer): call it
+// before sleeping, then Progress once more.
+func (t *Transport) Arm() error { return t.e.Arm() }

@@ -35,7 +35,8 @@
 //
 // The transport.Transport methods are called from one goroutine. Two
 // goroutines of the transport's own wait for completion events (and call
-// Config.Kick) and for the device's async events (SRQ limit, QP errors);
+// Config.Kick; the CQ is armed only by Arm, which the caller calls before
+// it sleeps) and for the device's async events (SRQ limit, QP errors);
 // with lazy connection, a third reads the rank's connection requests. Close
 // stops them.
 package rc

@@ -40,7 +40,8 @@
 //
 // The transport.Transport methods are called from one goroutine. Two
 // goroutines of the transport wait for completion events (and call
-// Config.Kick) and for the device's async events; with lazy connection,
+// Config.Kick; the CQ is armed only by Arm, which the caller calls before
+// it sleeps) and for the device's async events; with lazy connection,
 // another reads the rank's mailbox and short-lived ones put and get
 // bootstrap keys. Verbs objects are only made and modified by the calling
 // goroutine. Close stops them all.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -92,6 +93,7 @@ type Endpoint struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	stopped bool
+	armed   atomic.Bool // the CQ is armed, or its event not yet taken by WatchCQ
 }
 
 // NewEndpoint makes the Core of cfg and divides its receive buffers among
@@ -132,9 +134,27 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 func (e *Endpoint) Run() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
-	e.wg.Go(func() { WatchCQ(ctx, e.Core.CQ, e.Core.Ch, e.kick, e.log, e.m) })
+	e.wg.Go(func() { WatchCQ(ctx, e.Core.Ch, &e.armed, e.kick, e.log, e.m) })
 	e.wg.Go(func() { WatchEvents(ctx, e.dev, e.Core.Recv, e.kick, e.log, e.m) })
 	return ctx
+}
+
+// Arm asks for a kick at the next completion (transport.Armer): it arms
+// the CQ unless it is armed already or its event has not been taken yet
+// (both end in a kick). The caller polls once more before it sleeps.
+func (e *Endpoint) Arm() error {
+	if e.stopped {
+		return e.errClosed("arm")
+	}
+	if e.armed.Load() {
+		return nil
+	}
+	e.armed.Store(true)
+	if err := e.Core.CQ.RequestNotify(false); err != nil {
+		e.armed.Store(false)
+		return fmt.Errorf("%s: arm CQ: %w", e.name, err)
+	}
+	return nil
 }
 
 // Go runs f in a goroutine that Close waits for.

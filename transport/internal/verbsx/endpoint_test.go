@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -363,4 +364,58 @@ func TestProgressLeavesNoCompletionUnannounced(t *testing.T) {
 	default:
 		t.Fatalf("a Progress left %d completions in the CQ and did not kick the rank", n-k)
 	}
+}
+
+// TestArmOnlyBeforeSleep: the CQ is armed only when the rank asks (Arm,
+// before it sleeps), and each arm gives at most one kick. A rank that
+// polls costs its device no completion events: armed all the time, every
+// completion woke a thread of the rank's process while it polled.
+func TestArmOnlyBeforeSleep(t *testing.T) {
+	a, b, pa, _ := rcPair(t, 64, true, true)
+	ca := pa.Conn
+	kicked := func(wait time.Duration) bool {
+		select {
+		case <-b.K.C:
+			return true
+		case <-time.After(wait):
+			return false
+		}
+	}
+	send := func(i int) {
+		t.Helper()
+		if ok, err := a.Tr.TrySend(1, []byte{byte(i)}); !ok || err != nil {
+			t.Fatalf("frame %d: %v, %v", i, ok, err)
+		}
+		progress(t, []*end{a}, func() bool { return ca.sqUsed == 0 }) // in b's CQ
+	}
+	deliver := func(want int) {
+		t.Helper()
+		if _, err := b.Tr.Progress(b.H); err != nil || len(b.H.Frames[0]) != want {
+			t.Fatalf("b holds %d frames, want %d: %v", len(b.H.Frames[0]), want, err)
+		}
+	}
+
+	send(0)
+	if kicked(20*time.Millisecond) || count(t, b.Tr.m.CQEvents) != 0 {
+		t.Fatalf("a completion in a CQ nobody armed kicked the rank (%v events)", count(t, b.Tr.m.CQEvents))
+	}
+	deliver(1)
+
+	if err := b.Tr.Arm(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Tr.Arm(); err != nil { // armed already: nothing more
+		t.Fatal(err)
+	}
+	deliver(1) // the poll after the arm
+	send(1)
+	if !kicked(10 * time.Second) {
+		t.Fatal("a completion in the armed CQ did not kick the rank")
+	}
+	deliver(2)
+	send(2)
+	if kicked(20*time.Millisecond) || count(t, b.Tr.m.CQEvents) != 1 {
+		t.Fatalf("an arm gave more than one event: %v", count(t, b.Tr.m.CQEvents))
+	}
+	deliver(3)
 }
