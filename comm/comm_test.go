@@ -7,6 +7,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -520,6 +521,47 @@ func benchPingPong(b *testing.B, size int) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2000, "us-one-way")
+}
+
+// BenchmarkSleepingPingPong: 8 bytes there and back between two ranks on
+// two nodes (goroutines of this process, over RC or XRC), which sleep on
+// their bells as soon as they find nothing, instead of polling first: the
+// wake-ups of a device's completions. It reports the round trip's median
+// and 99th percentile, and the share of round trips of 5 ms or more.
+// With -cpu 2 the two sleeping ranks hold both Ps in the bell's futex,
+// and a completion's kick, which a goroutine of the transport gives once
+// Go's network poller has read the CQ's event, waits until the runtime's
+// monitor frees a P (every 20 µs to 10 ms): the 99th percentile is then
+// about the bell's 10 ms timeout (docs/architecture.md, comm).
+func BenchmarkSleepingPingPong(b *testing.B) {
+	for _, tr := range []string{"rc", "xrc"} {
+		b.Run(tr, func(b *testing.B) {
+			comms := worldOn(b, 2, layout{nodeOf: func(r int) int { return r }, transport: tr})
+			for _, c := range comms {
+				c.e.mu.Lock()
+				c.e.spin, c.e.yield = -1, -1
+				c.e.mu.Unlock()
+			}
+			pp, done := pingPong(b, comms, 8, b.N+1)
+			pp()
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for range b.N {
+				t0 := time.Now()
+				pp()
+				lat = append(lat, time.Since(t0))
+			}
+			b.StopTimer()
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+			slices.Sort(lat)
+			slow, _ := slices.BinarySearch(lat, 5*time.Millisecond)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
+			b.ReportMetric(100*float64(len(lat)-slow)/float64(len(lat)), "slow-%")
+		})
+	}
 }
 
 // pingPong starts rank 1 of comms echoing rounds messages of size bytes
