@@ -531,8 +531,8 @@ func benchPingPong(b *testing.B, size int) {
 // With -cpu 2 the two sleeping ranks hold both Ps in the bell's futex,
 // and a completion's kick, which a goroutine of the transport gives once
 // Go's network poller has read the CQ's event, waits until the runtime's
-// monitor frees a P (every 20 µs to 10 ms): the 99th percentile is then
-// about the bell's 10 ms timeout (docs/architecture.md, comm).
+// monitor frees a P (every 20 µs to 10 ms); the ranks' first naps (nap,
+// napFor) poll the CQ instead.
 func BenchmarkSleepingPingPong(b *testing.B) {
 	for _, tr := range []string{"rc", "xrc"} {
 		b.Run(tr, func(b *testing.B) {

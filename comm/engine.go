@@ -361,6 +361,7 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 	}()
 	start := time.Now()
 	idleSince := start
+	var napping time.Time // since when the sleeps below found nothing
 	bell := e.shm.Bell()
 	for i := 0; ; i++ {
 		// The bell's count before looking: a Kick (a completion of another
@@ -389,7 +390,7 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 			}
 		}
 		if n > 0 {
-			idleSince = time.Time{}
+			idleSince, napping = time.Time{}, time.Time{}
 			continue
 		}
 		if idleSince.IsZero() {
@@ -440,7 +441,7 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 			return ErrFinalized
 		}
 		seq = bell.Seq()
-		err = e.arm()
+		devices, err := e.arm()
 		if err == nil {
 			n, err = e.progress()
 		}
@@ -449,10 +450,19 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 			return err
 		}
 		if n > 0 || cond() {
-			idleSince = time.Time{}
+			idleSince, napping = time.Time{}, time.Time{}
 			continue
 		}
-		if err := bell.WaitFrom(seq, 10*time.Millisecond); err != nil {
+		sleep := 10 * time.Millisecond
+		if devices {
+			if napping.IsZero() {
+				napping = time.Now()
+			}
+			if time.Since(napping) < napFor {
+				sleep = nap
+			}
+		}
+		if err := bell.WaitFrom(seq, sleep); err != nil {
 			return err
 		}
 		idleSince = time.Time{}
@@ -460,14 +470,38 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 }
 
 // arm asks the transports whose work comes from a device to kick the
-// rank's bell at the next completion (transport.Armer). The lock is held.
-func (e *engine) arm() error {
+// rank's bell at the next completion (transport.Armer), and says whether
+// there are any. The lock is held.
+func (e *engine) arm() (devices bool, err error) {
 	for _, tr := range e.trs {
 		if a, ok := tr.(transport.Armer); ok {
+			devices = true
 			if err := a.Arm(); err != nil {
-				return err
+				return true, err
 			}
 		}
 	}
-	return nil
+	return devices, nil
 }
+
+// A rank with a device transport sleeps on its bell for at most nap at a
+// time, for its first napFor of sleeping, and then for up to 10 ms.
+//
+// A device's completion kicks the bell from a goroutine that Go's network
+// poller wakes, which needs a free P. When every P of the process is held
+// by a rank asleep in the bell's futex (ranks that are goroutines of one
+// process, as many as GOMAXPROCS; GOMAXPROCS=1), only the runtime's
+// monitor frees one, every 20 µs to 10 ms, and the kick came that late:
+// two ranks of one process on two Ps that sleep at once, 8-byte round
+// trips over RC, took 320 µs in the median and 10 to 20 ms at the 99th
+// percentile (BenchmarkSleepingPingPong). A rank woken by a nap polls the
+// CQ and finds the completion itself. Naps only, for good, were worse:
+// the monitor frees a P only from a system call that lasts, so every
+// wake-up waited for a nap's end (1 ms naps: 1.16 ms in the median). Naps
+// first cover the gaps of a conversation at the cost of a few wake-ups
+// of an idle rank; a rank that has slept napFor may still wait up to
+// 10 ms for its next completion (docs/architecture.md, comm).
+const (
+	nap    = 50 * time.Microsecond
+	napFor = time.Millisecond
+)
