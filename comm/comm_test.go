@@ -7,6 +7,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -528,11 +529,11 @@ func benchPingPong(b *testing.B, size int) {
 // their bells as soon as they find nothing, instead of polling first: the
 // wake-ups of a device's completions. It reports the round trip's median
 // and 99th percentile, and the share of round trips of 5 ms or more.
-// With -cpu 2 the two sleeping ranks hold both Ps in the bell's futex,
+// With -cpu 2 the two sleeping ranks held both Ps in the bell's futex,
 // and a completion's kick, which a goroutine of the transport gives once
-// Go's network poller has read the CQ's event, waits until the runtime's
-// monitor frees a P (every 20 µs to 10 ms); the ranks' first naps (nap,
-// napFor) poll the CQ instead.
+// Go's network poller has read the CQ's event, waited until the runtime's
+// monitor freed a P (every 20 µs to 10 ms); now a sleeping rank parks in
+// the network poller on its bell and its CQ's channel, and holds no P.
 func BenchmarkSleepingPingPong(b *testing.B) {
 	for _, tr := range []string{"rc", "xrc"} {
 		b.Run(tr, func(b *testing.B) {
@@ -643,5 +644,64 @@ func TestDefaultYield(t *testing.T) {
 		if got := defaultYield(c.spin, c.nodes); got != c.want {
 			t.Errorf("spin %v, %d nodes: %v, want %v", c.spin, c.nodes, got, c.want)
 		}
+	}
+}
+
+// TestSleepingRankWokenByCompletion: ranks of one process, as many as its
+// Ps (one or two), that sleep as soon as they find nothing, are woken by
+// their devices' completions within milliseconds, though each has slept
+// longer than any first naps (rank 1 answers 2 ms after it got a message).
+// Asleep in a futex, they held the Ps, and a completion's kick (a
+// goroutine's) and the in-process devices' work waited for Go's monitor
+// to take one back, up to 10 ms at each step.
+func TestSleepingRankWokenByCompletion(t *testing.T) {
+	for _, procs := range []int{1, 2} {
+		t.Run(fmt.Sprint(procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			comms := worldOn(t, 2, layout{nodeOf: func(r int) int { return r }, transport: "rc"})
+			for _, c := range comms {
+				c.e.mu.Lock()
+				c.e.spin, c.e.yield = -1, -1
+				c.e.mu.Unlock()
+			}
+			ctx := context.Background()
+			const rounds, pause = 40, 2 * time.Millisecond
+			done := make(chan error, 1)
+			go func() {
+				buf := make([]byte, 8)
+				for range rounds {
+					if _, err := comms[1].Recv(ctx, buf, 0, 0); err != nil {
+						done <- err
+						return
+					}
+					time.Sleep(pause)
+					if err := comms[1].Send(ctx, buf, 0, 0); err != nil {
+						done <- err
+						return
+					}
+				}
+				done <- nil
+			}()
+			buf := make([]byte, 8)
+			var late []time.Duration
+			for range rounds {
+				start := time.Now()
+				if err := comms[0].Send(ctx, buf, 1, 0); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := comms[0].Recv(ctx, buf, 1, 0); err != nil {
+					t.Fatal(err)
+				}
+				if d := time.Since(start) - pause; d >= 3*time.Millisecond {
+					late = append(late, d)
+				}
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if len(late) > rounds/4 {
+				t.Fatalf("%d of %d round trips took 3 ms or more besides rank 1's pause: %v", len(late), rounds, late)
+			}
+		})
 	}
 }

@@ -47,6 +47,7 @@ type engine struct {
 
 	hdr          [hdrLen]byte  // scratch for a frame's header, under the lock
 	parts        [2][]byte     // scratch for a frame's parts in send, under the lock
+	wakeFDs      []int         // scratch of arm: the devices' descriptors to sleep on
 	token        chan struct{} // held by the goroutine driving progress
 	eagerMax     int           // largest payload sent eagerly
 	spin         time.Duration // how long a driver polls before it sleeps
@@ -348,9 +349,18 @@ const spinAlone = 50 * time.Microsecond
 // drive progresses until cond holds, polling for e.spin after the last
 // thing that happened (with a negative e.spin, for e.yield with a
 // sched_yield between polls, or twice) and then sleeping on the rank's
-// bell, which the devices' transports ring only if armed just before the
-// sleep (transport.Armer). From spinAlone after it began, a spin yields
-// its P between polls.
+// bell together with the devices' completion channels, which become
+// readable only if armed just before the sleep (transport.Armer): the
+// goroutine parks in Go's network poller (shm.Inbox.WaitFor), so that a
+// sleeping rank holds no P. It slept in a futex, a system call, which
+// keeps the thread's P until the runtime's monitor takes it back (every
+// 20 µs to 10 ms); when every P was held so (ranks that are goroutines of
+// one process, as many as GOMAXPROCS; GOMAXPROCS=1), a completion, whose
+// kick came from a goroutine, waited that long, and so did the goroutines
+// the rank's own doorbells woke (an in-process device's): two such ranks
+// on two Ps, 8-byte round trips over RC, took 320 µs in the median and 10
+// to 20 ms at the 99th percentile (BenchmarkSleepingPingPong). From
+// spinAlone after it began, a spin yields its P between polls.
 // The caller holds the token.
 func (e *engine) drive(ctx context.Context, cond func() bool) error {
 	var stop func() bool // the context's wake-up, armed before the first sleep
@@ -361,7 +371,6 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 	}()
 	start := time.Now()
 	idleSince := start
-	var napping time.Time // since when the sleeps below found nothing
 	bell := e.shm.Bell()
 	for i := 0; ; i++ {
 		// The bell's count before looking: a Kick (a completion of another
@@ -390,7 +399,7 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 			}
 		}
 		if n > 0 {
-			idleSince, napping = time.Time{}, time.Time{}
+			idleSince = time.Time{}
 			continue
 		}
 		if idleSince.IsZero() {
@@ -430,8 +439,9 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 		// Sleep until a sender rings or a device completes; the timeout
 		// bounds how late a wake-up that is not a frame (a backlog's
 		// room, the job's end) is noticed. The devices' transports are
-		// armed only now, and polled once more after the arm, which
-		// announces nothing that came before it.
+		// armed only now (an arm also takes the event that ended the last
+		// sleep), and polled once more after the arm, which announces
+		// nothing that came before it.
 		if stop == nil && ctx.Done() != nil { // a context that cannot end needs none
 			stop = context.AfterFunc(ctx, e.kick)
 		}
@@ -441,7 +451,7 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 			return ErrFinalized
 		}
 		seq = bell.Seq()
-		devices, err := e.arm()
+		fds, err := e.arm()
 		if err == nil {
 			n, err = e.progress()
 		}
@@ -450,58 +460,34 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 			return err
 		}
 		if n > 0 || cond() {
-			idleSince, napping = time.Time{}, time.Time{}
+			idleSince = time.Time{}
 			continue
 		}
-		sleep := 10 * time.Millisecond
-		if devices {
-			if napping.IsZero() {
-				napping = time.Now()
-			}
-			if time.Since(napping) < napFor {
-				sleep = nap
-			}
-		}
-		if err := bell.WaitFrom(seq, sleep); err != nil {
+		// Finalize closes the devices' channels only once this goroutine
+		// has given back the token, so the descriptors are theirs still.
+		if err := bell.WaitFor(seq, 10*time.Millisecond, fds); err != nil {
 			return err
 		}
 		idleSince = time.Time{}
 	}
 }
 
-// arm asks the transports whose work comes from a device to kick the
-// rank's bell at the next completion (transport.Armer), and says whether
-// there are any. The lock is held.
-func (e *engine) arm() (devices bool, err error) {
+// arm asks the transports whose work comes from a device to wake the rank
+// at the next completion (transport.Armer), and returns the descriptors
+// that become readable then, for the sleep (valid until the next arm).
+// The lock is held.
+func (e *engine) arm() ([]int, error) {
+	fds := e.wakeFDs[:0]
 	for _, tr := range e.trs {
 		if a, ok := tr.(transport.Armer); ok {
-			devices = true
 			if err := a.Arm(); err != nil {
-				return true, err
+				return nil, err
+			}
+			if fd := a.WakeFD(); fd >= 0 {
+				fds = append(fds, fd)
 			}
 		}
 	}
-	return devices, nil
+	e.wakeFDs = fds
+	return fds, nil
 }
-
-// A rank with a device transport sleeps on its bell for at most nap at a
-// time, for its first napFor of sleeping, and then for up to 10 ms.
-//
-// A device's completion kicks the bell from a goroutine that Go's network
-// poller wakes, which needs a free P. When every P of the process is held
-// by a rank asleep in the bell's futex (ranks that are goroutines of one
-// process, as many as GOMAXPROCS; GOMAXPROCS=1), only the runtime's
-// monitor frees one, every 20 µs to 10 ms, and the kick came that late:
-// two ranks of one process on two Ps that sleep at once, 8-byte round
-// trips over RC, took 320 µs in the median and 10 to 20 ms at the 99th
-// percentile (BenchmarkSleepingPingPong). A rank woken by a nap polls the
-// CQ and finds the completion itself. Naps only, for good, were worse:
-// the monitor frees a P only from a system call that lasts, so every
-// wake-up waited for a nap's end (1 ms naps: 1.16 ms in the median). Naps
-// first cover the gaps of a conversation at the cost of a few wake-ups
-// of an idle rank; a rank that has slept napFor may still wait up to
-// 10 ms for its next completion (docs/architecture.md, comm).
-const (
-	nap    = 50 * time.Microsecond
-	napFor = time.Millisecond
-)

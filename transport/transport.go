@@ -93,9 +93,16 @@ type Transport interface {
 // busy rank costs the device no events and its own process no wake-ups.
 // Arming again while armed, or after a Kick that the caller has not slept
 // for, is cheap and harmless.
+//
+// WakeFD is a descriptor that becomes readable at the arrival an Arm asked
+// for (-1: none): the caller may sleep on it (poll, epoll) together with
+// its own wake-ups instead of waiting for the Kick, which comes from a
+// goroutine and so needs a free P of the process. The next Arm takes what
+// made it readable, so that it ends no later wait.
 type Armer interface {
 	Transport
 	Arm() error
+	WakeFD() int
 }
 
 // ErrUnreachable reports a rank the transport does not carry traffic to.

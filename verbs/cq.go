@@ -15,7 +15,9 @@ type CompChannel struct {
 	ctx    *Context
 	ops    ProviderChannel
 	handle uint64
-	cqs    atomic.Int32 // live CQs attached
+	raw    syscall.RawConn // the event file's descriptor, for TryEvent
+	fd     int             // its number, for FD
+	cqs    atomic.Int32    // live CQs attached
 	life   lifecycle
 }
 
@@ -30,12 +32,65 @@ func (c *Context) CreateCompChannel() (*CompChannel, error) {
 		c.unregister(h)
 		return nil, fmt.Errorf("create comp channel: %w", err)
 	}
-	return &CompChannel{ctx: c, ops: ops, handle: h}, nil
+	ch := &CompChannel{ctx: c, ops: ops, handle: h, fd: -1}
+	// The descriptor through the file's RawConn: Fd would make the file
+	// blocking, and GetEvent's reads could no longer end with ctx.
+	if raw, err := ops.File().SyscallConn(); err == nil {
+		ch.raw = raw
+		raw.Control(func(fd uintptr) { ch.fd = int(fd) })
+	}
+	return ch, nil
+}
+
+// FD is the descriptor of the channel's event file, for a wait in poll(2)
+// or ppoll together with other descriptors: it is readable while an event
+// waits to be taken (GetEvent, TryEvent). It is -1 if the file has none,
+// and stays the channel's until Close.
+func (ch *CompChannel) FD() int { return ch.fd }
+
+// TryEvent takes the next completion event of the channel if one is there,
+// without waiting, and returns its CQ; nil, nil when there is none. It
+// may run while another goroutine waits in GetEvent: each event goes to
+// one of them, and the other finds none (the file is non-blocking; this
+// reads it directly, GetEvent through Go's network poller).
+func (ch *CompChannel) TryEvent() (*CQ, error) {
+	if ch.raw == nil {
+		return nil, fmt.Errorf("try cq event: the channel's file has no descriptor: %w", syscall.EINVAL)
+	}
+	var buf [8]byte // struct ib_uverbs_comp_event_desc
+	for {
+		var n int
+		var rerr error
+		if err := ch.raw.Control(func(fd uintptr) {
+			for {
+				n, rerr = syscall.Read(int(fd), buf[:])
+				if rerr != syscall.EINTR {
+					return
+				}
+			}
+		}); err != nil {
+			return nil, fmt.Errorf("try cq event: %w", err)
+		}
+		switch {
+		case rerr == syscall.EAGAIN:
+			return nil, nil
+		case rerr != nil:
+			return nil, fmt.Errorf("try cq event: %w", rerr)
+		case n != len(buf):
+			return nil, fmt.Errorf("try cq event: short event record: %d of %d bytes", n, len(buf))
+		}
+		if cq, ok := ch.ctx.lookup(binary.NativeEndian.Uint64(buf[:])).(*CQ); ok {
+			cq.ops.EventDelivered()
+			return cq, nil
+		}
+		// An event of a CQ closed since: skip it.
+	}
 }
 
 // GetEvent waits until a CQ attached to the channel has a completion event,
 // or until ctx is done, and returns the CQ. The CQ must be armed again (and
-// polled) to get its next event. Run one waiter per channel.
+// polled) to get its next event. Run one waiter per channel (TryEvent may
+// run beside it).
 func (ch *CompChannel) GetEvent(ctx context.Context) (*CQ, error) {
 	var buf [8]byte // struct ib_uverbs_comp_event_desc
 	for {

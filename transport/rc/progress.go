@@ -13,3 +13,6 @@ func (t *Transport) Progress(h transport.Handler) (int, error) { return t.e.Prog
 // Arm asks for a Kick at the next completion (transport.Armer): call it
 // before sleeping, then Progress once more.
 func (t *Transport) Arm() error { return t.e.Arm() }
+
+// WakeFD is the CQ's completion channel (transport.Armer).
+func (t *Transport) WakeFD() int { return t.e.WakeFD() }

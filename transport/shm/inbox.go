@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -20,18 +22,31 @@ import (
 // to it: a header page, then one ring per sender.
 //
 //	+0    magic "XRCSHMv1", senders (u32), ring data size (u32), owner pid (u32)
-//	+64   bell: a futex word the owner sleeps on; senders bump and wake it
+//	+64   bell: a count of the rings of the bell, which senders bump
 //	+128  sleeping: non-zero while the owner is, or is about to be, asleep
 //	+4096 ring 0, ring 1, ... (ringBytes(data) each)
 //
-// The owner alone creates, sizes and removes the file; senders only map it,
-// after checking its header and size.
+// Next to it, at its path + ".bell", is a FIFO: the bell a sleeping owner
+// waits on, together with the descriptors of its other wake-ups (its
+// devices' completion channels), in an epoll instance that Go's network
+// poller watches: the owner's goroutine parks and holds no P while it
+// sleeps, and the runtime's one epoll_wait wakes for every source (a futex
+// wait, a system call, kept the P until the runtime's monitor took it
+// back). Senders bump the count, and write a byte
+// into the FIFO only while the owner sleeps; the owner opens the FIFO for
+// reading and writing (it never sees its end, and Kick writes to it) and
+// empties it after each sleep. The owner alone creates, sizes and removes
+// the files; senders only map the inbox, after checking its header and
+// size, and open the FIFO for writing.
 const (
 	inboxHdr  = 4096
 	bellOff   = 64
 	sleepOff  = 128
 	inboxVers = "XRCSHMv1"
 )
+
+// bellSuffix names an inbox's FIFO: its path and this.
+const bellSuffix = ".bell"
 
 // ErrLayout reports an inbox file whose header or size is not what a
 // sender expects.
@@ -57,15 +72,25 @@ type Inbox struct {
 	rings []*Consumer
 	bell  *atomic.Uint32
 	sleep *atomic.Uint32
-	// kmu orders Kick, which other goroutines call, before Close's unmap:
-	// a Kick after Close does nothing (it wrote to unmapped memory).
+	fifo  int // the bell's FIFO, read and write
+	// The owner sleeps in Go's network poller, on an epoll instance that
+	// holds the FIFO and WaitFor's descriptors (watched).
+	ep      *os.File
+	epfd    int // ep's number: its Fd would make it blocking
+	epRaw   syscall.RawConn
+	watched []int
+	evs     [8]unix.EpollEvent
+	// kmu orders Kick, which other goroutines call, before Close's unmap
+	// and the FIFO's close: a Kick after Close does nothing (it wrote to
+	// unmapped memory).
 	kmu    sync.RWMutex
 	closed bool // guarded by kmu
 }
 
 // CreateInbox creates the inbox file at path (which must not exist) with a
-// ring of data bytes for each of senders senders, and maps it. The file
-// appears at path complete, header and all.
+// ring of data bytes for each of senders senders, and maps it, and its
+// bell's FIFO at path + ".bell" (which must not exist either). The file
+// appears at path complete, header and all, and after the FIFO.
 func CreateInbox(path string, senders, data int) (*Inbox, error) {
 	if err := checkRingData(data); err != nil {
 		return nil, err
@@ -86,8 +111,19 @@ func CreateInbox(path string, senders, data int) (*Inbox, error) {
 	if err := f.Truncate(int64(size)); err != nil {
 		return nil, fmt.Errorf("shm: size inbox: %w", err)
 	}
+	// The FIFO first: a sender that finds the inbox finds its bell.
+	if err := unix.Mkfifo(path+bellSuffix, 0o600); err != nil {
+		return nil, fmt.Errorf("shm: create inbox bell: %w", err)
+	}
+	fifo, err := unix.OpenFIFO(path+bellSuffix, false)
+	if err != nil {
+		os.Remove(path + bellSuffix)
+		return nil, fmt.Errorf("shm: open inbox bell: %w", err)
+	}
 	mem, err := unix.MmapShared(int(f.Fd()), 0, size)
 	if err != nil {
+		unix.Close(fifo)
+		os.Remove(path + bellSuffix)
 		return nil, fmt.Errorf("shm: map inbox %s: %w", path, err)
 	}
 	copy(mem, inboxVers)
@@ -96,9 +132,15 @@ func CreateInbox(path string, senders, data int) (*Inbox, error) {
 	binary.LittleEndian.PutUint32(mem[16:], uint32(os.Getpid()))
 	if err := os.Link(tmp, path); err != nil {
 		unix.Munmap(mem)
+		unix.Close(fifo)
+		os.Remove(path + bellSuffix)
 		return nil, fmt.Errorf("shm: create inbox: %w", err)
 	}
-	in := &Inbox{path: path, mem: mem, bell: bell(mem), sleep: sleeping(mem)}
+	in := &Inbox{path: path, mem: mem, bell: bell(mem), sleep: sleeping(mem), fifo: fifo}
+	if err := in.makePoller(); err != nil {
+		in.Close()
+		return nil, err
+	}
 	for i := range senders {
 		off := inboxHdr + i*ringBytes(data)
 		in.rings = append(in.rings, NewConsumer(mem[off:off+ringBytes(data)]))
@@ -125,7 +167,7 @@ func (in *Inbox) Pending() bool {
 // Wait sleeps until a sender rings the bell, Kick is called, or d passes
 // (d <= 0: no limit), unless a frame is pending already. Senders only ring
 // the bell while the owner sleeps, so a busy inbox costs them nothing.
-func (in *Inbox) Wait(d time.Duration) error { return in.WaitFrom(in.Seq(), d) }
+func (in *Inbox) Wait(d time.Duration) error { return in.WaitFor(in.Seq(), d, nil) }
 
 // Seq is the bell's count of rings: a caller that reads it before it looks
 // for work and passes it to WaitFrom misses no Kick that came in between.
@@ -133,15 +175,115 @@ func (in *Inbox) Seq() uint32 { return in.bell.Load() }
 
 // WaitFrom is Wait that also returns at once if the bell has rung since
 // it read seq (Seq).
-func (in *Inbox) WaitFrom(seq uint32, d time.Duration) error {
-	v := seq
+func (in *Inbox) WaitFrom(seq uint32, d time.Duration) error { return in.WaitFor(seq, d, nil) }
+
+// WaitFor is WaitFrom that also returns when one of the descriptors fds
+// is readable (a device's completion channel), which stay open while it
+// waits. The goroutine parks in Go's network poller, on an epoll instance
+// holding the FIFO and fds (kept from one call to the next), so that it
+// holds no P while it sleeps. What made an fd readable is the caller's to
+// take: left there, it ends the next wait at once.
+//
+// The owner marks itself asleep before it looks at the rings and the
+// bell's count, and a sender publishes its frame (or bumps the count)
+// before it reads the mark: either the owner sees the frame, or the sender
+// sees the mark and writes into the FIFO, which keeps the byte until the
+// owner reads it, so that a ring just before the ppoll ends it at once.
+func (in *Inbox) WaitFor(seq uint32, d time.Duration, fds []int) error {
 	in.sleep.Store(1)
 	var err error
-	if !in.Pending() {
-		err = unix.FutexWait(in.bell, v, d)
+	if !in.Pending() && in.bell.Load() == seq {
+		if err = in.watch(fds); err == nil {
+			err = in.poll(d)
+		}
 	}
 	in.sleep.Store(0)
 	return err
+}
+
+// makePoller makes the epoll instance the owner sleeps on, with the FIFO
+// in it, in Go's network poller.
+func (in *Inbox) makePoller() error {
+	ep, err := unix.EpollCreate()
+	if err != nil {
+		return fmt.Errorf("shm: inbox bell: %w", err)
+	}
+	if err := unix.EpollAdd(ep, in.fifo); err != nil {
+		unix.Close(ep)
+		return fmt.Errorf("shm: inbox bell: %w", err)
+	}
+	in.ep, in.epfd = os.NewFile(uintptr(ep), in.path+bellSuffix+"-epoll"), ep
+	if in.epRaw, err = in.ep.SyscallConn(); err != nil {
+		return fmt.Errorf("shm: inbox bell: %w", err)
+	}
+	return nil
+}
+
+// watch makes the poller hold the FIFO and fds.
+func (in *Inbox) watch(fds []int) error {
+	if slices.Equal(fds, in.watched) {
+		return nil
+	}
+	for _, fd := range in.watched {
+		if !slices.Contains(fds, fd) {
+			unix.EpollDel(in.epfd, fd) // gone with its file, perhaps
+		}
+	}
+	for _, fd := range fds {
+		if !slices.Contains(in.watched, fd) {
+			if err := unix.EpollAdd(in.epfd, fd); err != nil {
+				return fmt.Errorf("shm: inbox bell: %w", err)
+			}
+		}
+	}
+	in.watched = append(in.watched[:0], fds...)
+	return nil
+}
+
+// poll waits, parked in Go's network poller, until a descriptor of the
+// poller is readable or d passes, and empties the FIFO if it was.
+func (in *Inbox) poll(d time.Duration) error {
+	deadline := time.Time{}
+	if d > 0 {
+		deadline = time.Now().Add(d)
+	}
+	if err := in.ep.SetReadDeadline(deadline); err != nil {
+		return fmt.Errorf("shm: inbox bell: %w", err)
+	}
+	var rang bool
+	var perr error
+	err := in.epRaw.Read(func(ep uintptr) bool {
+		n, err := unix.EpollPoll(int(ep), in.evs[:])
+		if err != nil {
+			perr = err
+			return true
+		}
+		for _, ev := range in.evs[:n] {
+			rang = rang || ev.Fd == int32(in.fifo)
+		}
+		return n > 0
+	})
+	if rang {
+		in.drain()
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		err = nil
+	}
+	if err = errors.Join(err, perr); err != nil {
+		return fmt.Errorf("shm: inbox bell: %w", err)
+	}
+	return nil
+}
+
+// drain empties the bell's FIFO, so that the next wait sleeps.
+func (in *Inbox) drain() {
+	var buf [64]byte
+	for {
+		n, err := unix.Read(in.fifo, buf[:])
+		if err != nil || n < len(buf) {
+			return
+		}
+	}
 }
 
 // Spin polls the rings for up to d and reports whether a frame came: what
@@ -168,16 +310,34 @@ func (in *Inbox) Kick() error {
 		return nil
 	}
 	in.bell.Add(1)
-	return unix.FutexWake(in.bell, 1)
+	if in.sleep.Load() != 0 {
+		ring(in.fifo)
+	}
+	return nil
 }
+
+// ring writes a byte into a bell's FIFO. A full FIFO (its owner has not
+// emptied it yet) rings already, and one whose owner is gone has nobody
+// to wake, so the write's errors do not matter.
+func ring(fd int) {
+	unix.Write(fd, oneByte[:])
+}
+
+var oneByte = [1]byte{1}
 
 // Close unmaps the inbox and removes its file. Senders that still map it
 // keep their mapping; nobody reads it any more.
 func (in *Inbox) Close() error {
 	in.kmu.Lock()
 	defer in.kmu.Unlock()
+	if in.closed {
+		return nil
+	}
 	in.closed = true
-	err := os.Remove(in.path)
+	err := errors.Join(os.Remove(in.path), os.Remove(in.path+bellSuffix), unix.Close(in.fifo))
+	if in.ep != nil {
+		err = errors.Join(err, in.ep.Close())
+	}
 	if e := unix.Munmap(in.mem); e != nil {
 		err = errors.Join(err, e)
 	}
@@ -192,11 +352,13 @@ type Outbox struct {
 	ring  *Producer
 	bell  *atomic.Uint32
 	sleep *atomic.Uint32
+	fifo  int // the owner's bell, opened for writing
 	owner int // the inbox owner's pid, as its header says
 }
 
 // OpenOutbox maps the inbox file at path as sender number sender, after
-// checking that its header and size agree with each other.
+// checking that its header and size agree with each other, and opens its
+// bell's FIFO.
 func OpenOutbox(path string, sender int) (*Outbox, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
@@ -223,13 +385,18 @@ func OpenOutbox(path string, sender int) (*Outbox, error) {
 	case sender < 0 || sender >= senders:
 		return nil, fmt.Errorf("%w: %s: sender %d of %d", ErrLayout, path, sender, senders)
 	}
+	fifo, err := unix.OpenFIFO(path+bellSuffix, true)
+	if err != nil {
+		return nil, fmt.Errorf("shm: open the bell of inbox %s: %w", path, err)
+	}
 	mem, err := unix.MmapShared(int(f.Fd()), 0, int(st.Size()))
 	if err != nil {
+		unix.Close(fifo)
 		return nil, fmt.Errorf("shm: map inbox %s: %w", path, err)
 	}
 	off := inboxHdr + sender*ringBytes(data)
 	return &Outbox{mem: mem, ring: NewProducer(mem[off : off+ringBytes(data)]), bell: bell(mem), sleep: sleeping(mem),
-		owner: int(binary.LittleEndian.Uint32(hdr[16:]))}, nil
+		fifo: fifo, owner: int(binary.LittleEndian.Uint32(hdr[16:]))}, nil
 }
 
 // Owner is the pid of the inbox's owner.
@@ -253,7 +420,7 @@ func (o *Outbox) Write(parts ...[]byte) (bool, error) {
 func (o *Outbox) Notify() {
 	if o.sleep.Load() != 0 {
 		o.bell.Add(1)
-		unix.FutexWake(o.bell, 1)
+		ring(o.fifo)
 	}
 }
 
@@ -265,13 +432,13 @@ func (o *Outbox) Notify() {
 func (o *Outbox) Room() {
 	o.bell.Add(1)
 	if o.sleep.Load() != 0 {
-		unix.FutexWake(o.bell, 1)
+		ring(o.fifo)
 	}
 }
 
-// Close unmaps the outbox.
+// Close unmaps the outbox and closes its bell.
 func (o *Outbox) Close() error {
-	err := unix.Munmap(o.mem)
+	err := errors.Join(unix.Munmap(o.mem), unix.Close(o.fifo))
 	o.mem, o.ring = nil, nil
 	return err
 }

@@ -93,7 +93,7 @@ type Endpoint struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	stopped bool
-	armed   atomic.Bool // the CQ is armed, or its event not yet taken by WatchCQ
+	armed   atomic.Bool // the CQ is armed, or its event not yet taken (by WatchCQ or Arm)
 }
 
 // NewEndpoint makes the Core of cfg and divides its receive buffers among
@@ -142,12 +142,28 @@ func (e *Endpoint) Run() context.Context {
 // Arm asks for a kick at the next completion (transport.Armer): it arms
 // the CQ unless it is armed already or its event has not been taken yet
 // (both end in a kick). The caller polls once more before it sleeps.
+//
+// A rank that sleeps on WakeFD as well may wake for the event before
+// WatchCQ reads it (WatchCQ needs a free P, which the ranks may all hold);
+// left in the channel, it would end every later sleep at once. So Arm takes
+// an event that is there, as WatchCQ would have, and arms again. WatchCQ
+// and Arm never take the same event: whichever reads it clears armed (the
+// event disarmed the CQ), and the other finds nothing.
 func (e *Endpoint) Arm() error {
 	if e.stopped {
 		return e.errClosed("arm")
 	}
 	if e.armed.Load() {
-		return nil
+		cq, err := e.Core.Ch.TryEvent()
+		if err != nil {
+			return fmt.Errorf("%s: arm CQ: %w", e.name, err)
+		}
+		if cq == nil {
+			// Armed, with no event yet; or WatchCQ has it and kicks.
+			return nil
+		}
+		e.m.CQEvents.Inc()
+		e.armed.Store(false)
 	}
 	e.armed.Store(true)
 	if err := e.Core.CQ.RequestNotify(false); err != nil {
@@ -156,6 +172,10 @@ func (e *Endpoint) Arm() error {
 	}
 	return nil
 }
+
+// WakeFD is the descriptor of the CQ's completion channel, readable once
+// a completion came on the CQ that Arm armed (transport.Armer).
+func (e *Endpoint) WakeFD() int { return e.Core.Ch.FD() }
 
 // Go runs f in a goroutine that Close waits for.
 func (e *Endpoint) Go(f func()) { e.wg.Go(f) }
