@@ -22,18 +22,21 @@ import (
 // to it: a header page, then one ring per sender.
 //
 //	+0    magic "XRCSHMv1", senders (u32), ring data size (u32), owner pid (u32)
-//	+64   bell: a count of the rings of the bell, which senders bump
-//	+128  sleeping: non-zero while the owner is, or is about to be, asleep
+//	+64   bell: a count of the rings of the bell, which senders bump; a
+//	      futex word an owner with nothing else to wait for sleeps on
+//	+128  sleeping: non-zero while the owner is, or is about to be, asleep:
+//	      1 in a futex wait on the bell, 2 in the network poller
 //	+4096 ring 0, ring 1, ... (ringBytes(data) each)
 //
-// Next to it, at its path + ".bell", is a FIFO: the bell a sleeping owner
-// waits on, together with the descriptors of its other wake-ups (its
-// devices' completion channels), in an epoll instance that Go's network
-// poller watches: the owner's goroutine parks and holds no P while it
-// sleeps, and the runtime's one epoll_wait wakes for every source (a futex
-// wait, a system call, kept the P until the runtime's monitor took it
-// back). Senders bump the count, and write a byte
-// into the FIFO only while the owner sleeps; the owner opens the FIFO for
+// Next to it, at its path + ".bell", is a FIFO: the bell an owner with
+// other wake-ups (its devices' completion channels) waits on, together
+// with their descriptors, in an epoll instance that Go's network poller
+// watches: the owner's goroutine parks and holds no P while it sleeps, and
+// the runtime's one epoll_wait wakes for every source (in a futex wait, a
+// system call, it kept the P until the runtime's monitor took it back, and
+// the goroutine reading the completion channel had none to run on).
+// Senders bump the count, and wake a sleeping owner the way its mark says:
+// a futex wake, or a byte into the FIFO; the owner opens the FIFO for
 // reading and writing (it never sees its end, and Kick writes to it) and
 // empties it after each sleep. The owner alone creates, sizes and removes
 // the files; senders only map the inbox, after checking its header and
@@ -189,16 +192,45 @@ func (in *Inbox) WaitFrom(seq uint32, d time.Duration) error { return in.WaitFor
 // before it reads the mark: either the owner sees the frame, or the sender
 // sees the mark and writes into the FIFO, which keeps the byte until the
 // owner reads it, so that a ring just before the ppoll ends it at once.
+//
+// With no fds it sleeps in a futex wait on the bell's count instead, which
+// wakes sooner (an 8-byte ping-pong between two ranks of a node that
+// sleep at once: 10.8-15.6 µs one way, against 17.0-25.6 in the network
+// poller) but holds the goroutine's P while it sleeps; the sleeping mark
+// says which, and a sender wakes the owner the way it sleeps.
 func (in *Inbox) WaitFor(seq uint32, d time.Duration, fds []int) error {
-	in.sleep.Store(1)
+	how := uint32(sleepFutex)
+	if len(fds) > 0 {
+		how = sleepPoller
+	}
+	in.sleep.Store(how)
 	var err error
 	if !in.Pending() && in.bell.Load() == seq {
-		if err = in.watch(fds); err == nil {
+		if how == sleepFutex {
+			err = unix.FutexWait(in.bell, seq, d)
+		} else if err = in.watch(fds); err == nil {
 			err = in.poll(d)
 		}
 	}
 	in.sleep.Store(0)
 	return err
+}
+
+// How the owner sleeps, in its sleeping mark: in a futex wait on the
+// bell's count, or in the network poller on the FIFO.
+const (
+	sleepFutex  = 1
+	sleepPoller = 2
+)
+
+// wake wakes an owner that sleeps as how says.
+func wake(how uint32, bell *atomic.Uint32, fifo int) {
+	switch how {
+	case sleepFutex:
+		unix.FutexWake(bell, 1)
+	case sleepPoller:
+		ring(fifo)
+	}
 }
 
 // makePoller makes the epoll instance the owner sleeps on, with the FIFO
@@ -310,9 +342,7 @@ func (in *Inbox) Kick() error {
 		return nil
 	}
 	in.bell.Add(1)
-	if in.sleep.Load() != 0 {
-		ring(in.fifo)
-	}
+	wake(in.sleep.Load(), in.bell, in.fifo)
 	return nil
 }
 
@@ -418,9 +448,9 @@ func (o *Outbox) Write(parts ...[]byte) (bool, error) {
 // Notify wakes the owner if it sleeps: after Commit of a frame written
 // with Reserve.
 func (o *Outbox) Notify() {
-	if o.sleep.Load() != 0 {
+	if how := o.sleep.Load(); how != 0 {
 		o.bell.Add(1)
-		ring(o.fifo)
+		wake(how, o.bell, o.fifo)
 	}
 }
 
@@ -431,9 +461,7 @@ func (o *Outbox) Notify() {
 // finds tells it to stay awake. It wakes the owner only if it sleeps.
 func (o *Outbox) Room() {
 	o.bell.Add(1)
-	if o.sleep.Load() != 0 {
-		ring(o.fifo)
-	}
+	wake(o.sleep.Load(), o.bell, o.fifo)
 }
 
 // Close unmaps the outbox and closes its bell.
