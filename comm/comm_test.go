@@ -692,15 +692,17 @@ func TestSleepingRankWokenByCompletion(t *testing.T) {
 				if _, err := comms[0].Recv(ctx, buf, 1, 0); err != nil {
 					t.Fatal(err)
 				}
-				if d := time.Since(start) - pause; d >= 3*time.Millisecond {
+				if d := time.Since(start) - pause; d >= 5*time.Millisecond {
 					late = append(late, d)
 				}
 			}
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}
-			if len(late) > rounds/4 {
-				t.Fatalf("%d of %d round trips took 3 ms or more besides rank 1's pause: %v", len(late), rounds, late)
+			// Woken late, every round trip was (9.5 to 11.5 ms); on a
+			// loaded machine some may be late for other reasons.
+			if len(late) > rounds/2 {
+				t.Fatalf("%d of %d round trips took 5 ms or more besides rank 1's pause: %v", len(late), rounds, late)
 			}
 		})
 	}
