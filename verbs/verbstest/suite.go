@@ -34,6 +34,7 @@ func Run(t *testing.T, env Env) {
 		{"SRQ", testSRQ},
 		{"SRQLimitEvent", testSRQLimitEvent},
 		{"CompletionChannel", testCompletionChannel},
+		{"TryEvent", testTryEvent},
 		{"BadLKey", testBadLKey},
 		{"MissingRemoteAccess", testMissingRemoteAccess},
 		{"BadRKey", testBadRKey},
