@@ -59,6 +59,18 @@ func EpollAdd(ep, fd int) error {
 	return nil
 }
 
+// EpollMod sets fd's registration in the epoll instance ep again,
+// readable (level-triggered). It fails with ENOENT if ep holds no
+// registration of the file fd names now: one it held under that number
+// went with its file's close, and the number names another file.
+func EpollMod(ep, fd int) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_MOD, fd, &ev); err != nil {
+		return Errorf(asErrno(err), "epoll_ctl mod %d", fd)
+	}
+	return nil
+}
+
 // EpollDel removes fd from the epoll instance ep.
 func EpollDel(ep, fd int) error {
 	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_DEL, fd, nil); err != nil {

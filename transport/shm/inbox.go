@@ -251,21 +251,28 @@ func (in *Inbox) makePoller() error {
 	return nil
 }
 
-// watch makes the poller hold the FIFO and fds.
+// watch makes the poller hold the FIFO and fds. A descriptor watched
+// since an earlier call is checked by registering it again (EpollMod): the
+// poller dropped its file when it closed, and the number may name another
+// file now, which is added.
 func (in *Inbox) watch(fds []int) error {
-	if slices.Equal(fds, in.watched) {
-		return nil
-	}
 	for _, fd := range in.watched {
 		if !slices.Contains(fds, fd) {
 			unix.EpollDel(in.epfd, fd) // gone with its file, perhaps
 		}
 	}
 	for _, fd := range fds {
-		if !slices.Contains(in.watched, fd) {
-			if err := unix.EpollAdd(in.epfd, fd); err != nil {
+		if slices.Contains(in.watched, fd) {
+			err := unix.EpollMod(in.epfd, fd)
+			if err == nil {
+				continue
+			}
+			if !errors.Is(err, unix.ENOENT) {
 				return fmt.Errorf("shm: inbox bell: %w", err)
 			}
+		}
+		if err := unix.EpollAdd(in.epfd, fd); err != nil {
+			return fmt.Errorf("shm: inbox bell: %w", err)
 		}
 	}
 	in.watched = append(in.watched[:0], fds...)
