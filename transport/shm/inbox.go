@@ -254,25 +254,41 @@ func (in *Inbox) makePoller() error {
 // watch makes the poller hold the FIFO and fds. A descriptor watched
 // since an earlier call is checked by registering it again (EpollMod): the
 // poller dropped its file when it closed, and the number may name another
-// file now, which is added.
+// file now. Epoll keys a registration by its file: one whose number was
+// closed while the file lives on (a duplicate elsewhere) can be removed no
+// more, and would end every wait while that file is readable; so when a
+// descriptor no longer names the file it was watched for, the poller is
+// made again.
 func (in *Inbox) watch(fds []int) error {
+	fresh := in.ep != nil // nil: making it again failed
 	for _, fd := range in.watched {
-		if !slices.Contains(fds, fd) {
-			unix.EpollDel(in.epfd, fd) // gone with its file, perhaps
+		if !fresh {
+			break
 		}
-	}
-	for _, fd := range fds {
-		if slices.Contains(in.watched, fd) {
-			err := unix.EpollMod(in.epfd, fd)
-			if err == nil {
-				continue
-			}
+		if !slices.Contains(fds, fd) {
+			fresh = unix.EpollDel(in.epfd, fd) == nil
+		} else if err := unix.EpollMod(in.epfd, fd); err != nil {
 			if !errors.Is(err, unix.ENOENT) {
 				return fmt.Errorf("shm: inbox bell: %w", err)
 			}
+			fresh = false
 		}
-		if err := unix.EpollAdd(in.epfd, fd); err != nil {
-			return fmt.Errorf("shm: inbox bell: %w", err)
+	}
+	old := in.watched
+	if !fresh {
+		if in.ep != nil {
+			in.ep.Close()
+		}
+		in.ep, in.watched, old = nil, nil, nil
+		if err := in.makePoller(); err != nil {
+			return err
+		}
+	}
+	for _, fd := range fds {
+		if !slices.Contains(old, fd) {
+			if err := unix.EpollAdd(in.epfd, fd); err != nil {
+				return fmt.Errorf("shm: inbox bell: %w", err)
+			}
 		}
 	}
 	in.watched = append(in.watched[:0], fds...)
