@@ -373,17 +373,7 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 	idleSince := start
 	bell := e.shm.Bell()
 	for i := 0; ; i++ {
-		// The bell's count before looking: a Kick (a completion of another
-		// transport) after it makes the sleep below return at once. Read
-		// under the lock, as Finalize unmaps the bell under it.
-		e.mu.Lock()
-		if e.closed {
-			e.mu.Unlock()
-			return ErrFinalized
-		}
-		seq := bell.Seq()
-		n, err := e.progress()
-		e.mu.Unlock()
+		_, _, n, err := e.look(nil)
 		if err != nil {
 			return err
 		}
@@ -445,17 +435,7 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 		if stop == nil && ctx.Done() != nil { // a context that cannot end needs none
 			stop = context.AfterFunc(ctx, e.kick)
 		}
-		e.mu.Lock()
-		if e.closed {
-			e.mu.Unlock()
-			return ErrFinalized
-		}
-		seq = bell.Seq()
-		fds, err := e.arm()
-		if err == nil {
-			n, err = e.progress()
-		}
-		e.mu.Unlock()
+		seq, fds, n, err := e.look(bell)
 		if err != nil {
 			return err
 		}
@@ -470,6 +450,27 @@ func (e *engine) drive(ctx context.Context, cond func() bool) error {
 		}
 		idleSince = time.Time{}
 	}
+}
+
+// look progresses once, under the lock. Before a sleep on bell (not nil)
+// it first reads the bell's count, so that a Kick (a completion of another
+// transport) after it makes the sleep return at once, and arms the device
+// transports, returning the count and their descriptors. The count is read
+// under the lock, as Finalize unmaps the bell under it.
+func (e *engine) look(bell *shm.Inbox) (seq uint32, fds []int, n int, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return 0, nil, 0, ErrFinalized
+	}
+	if bell != nil {
+		seq = bell.Seq()
+		if fds, err = e.arm(); err != nil {
+			return 0, nil, 0, err
+		}
+	}
+	n, err = e.progress()
+	return seq, fds, n, err
 }
 
 // arm asks the transports whose work comes from a device to wake the rank

@@ -79,11 +79,9 @@ func (ch *CompChannel) TryEvent() (*CQ, error) {
 		case n != len(buf):
 			return nil, fmt.Errorf("try cq event: short event record: %d of %d bytes", n, len(buf))
 		}
-		if cq, ok := ch.ctx.lookup(binary.NativeEndian.Uint64(buf[:])).(*CQ); ok {
-			cq.ops.EventDelivered()
+		if cq := ch.delivered(buf[:]); cq != nil {
 			return cq, nil
 		}
-		// An event of a CQ closed since: skip it.
 	}
 }
 
@@ -97,12 +95,22 @@ func (ch *CompChannel) GetEvent(ctx context.Context) (*CQ, error) {
 		if _, err := readEvent(ctx, ch.ops.File(), buf[:]); err != nil {
 			return nil, fmt.Errorf("get cq event: %w", err)
 		}
-		if cq, ok := ch.ctx.lookup(binary.NativeEndian.Uint64(buf[:])).(*CQ); ok {
-			cq.ops.EventDelivered()
+		if cq := ch.delivered(buf[:]); cq != nil {
 			return cq, nil
 		}
-		// An event of a CQ closed since: skip it.
 	}
+}
+
+// delivered returns the CQ an event record (struct
+// ib_uverbs_comp_event_desc) names and tells its provider the event was
+// read; nil for the event of a CQ closed since, which the reader skips.
+func (ch *CompChannel) delivered(rec []byte) *CQ {
+	cq, ok := ch.ctx.lookup(binary.NativeEndian.Uint64(rec)).(*CQ)
+	if !ok {
+		return nil
+	}
+	cq.ops.EventDelivered()
+	return cq
 }
 
 // Close destroys the channel. It fails with an error wrapping EBUSY while

@@ -118,15 +118,20 @@ func CreateInbox(path string, senders, data int) (*Inbox, error) {
 	if err := unix.Mkfifo(path+bellSuffix, 0o600); err != nil {
 		return nil, fmt.Errorf("shm: create inbox bell: %w", err)
 	}
-	fifo, err := unix.OpenFIFO(path+bellSuffix, false)
-	if err != nil {
-		os.Remove(path + bellSuffix)
+	fifo, created := -1, false
+	defer func() { // on failure, before the inbox is in place
+		if !created {
+			if fifo >= 0 {
+				unix.Close(fifo)
+			}
+			os.Remove(path + bellSuffix)
+		}
+	}()
+	if fifo, err = unix.OpenFIFO(path+bellSuffix, false); err != nil {
 		return nil, fmt.Errorf("shm: open inbox bell: %w", err)
 	}
 	mem, err := unix.MmapShared(int(f.Fd()), 0, size)
 	if err != nil {
-		unix.Close(fifo)
-		os.Remove(path + bellSuffix)
 		return nil, fmt.Errorf("shm: map inbox %s: %w", path, err)
 	}
 	copy(mem, inboxVers)
@@ -135,10 +140,9 @@ func CreateInbox(path string, senders, data int) (*Inbox, error) {
 	binary.LittleEndian.PutUint32(mem[16:], uint32(os.Getpid()))
 	if err := os.Link(tmp, path); err != nil {
 		unix.Munmap(mem)
-		unix.Close(fifo)
-		os.Remove(path + bellSuffix)
 		return nil, fmt.Errorf("shm: create inbox: %w", err)
 	}
+	created = true // from here Close removes both
 	in := &Inbox{path: path, mem: mem, bell: bell(mem), sleep: sleeping(mem), fifo: fifo}
 	if err := in.makePoller(); err != nil {
 		in.Close()
@@ -191,7 +195,7 @@ func (in *Inbox) WaitFrom(seq uint32, d time.Duration) error { return in.WaitFor
 // bell's count, and a sender publishes its frame (or bumps the count)
 // before it reads the mark: either the owner sees the frame, or the sender
 // sees the mark and writes into the FIFO, which keeps the byte until the
-// owner reads it, so that a ring just before the ppoll ends it at once.
+// owner reads it, so that a ring just before the wait ends it at once.
 //
 // With no fds it sleeps in a futex wait on the bell's count instead, which
 // wakes sooner (an 8-byte ping-pong between two ranks of a node that

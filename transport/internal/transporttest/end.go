@@ -104,7 +104,7 @@ func Progress[T Progresser](t testing.TB, ends []*End[T], cond func() bool) {
 				// end, poll it once more (the arm announces nothing
 				// that came before it), and sleep if that found none.
 				e := ends[idle/64%len(ends)]
-				if a, ok := any(e.Tr).(interface{ Arm() error }); ok {
+				if a, ok := any(e.Tr).(transport.Armer); ok {
 					if err := a.Arm(); err != nil {
 						t.Fatal(err)
 					}
