@@ -48,6 +48,9 @@ type Context struct {
 
 	qmem queueMem
 	db   dbAllocator
+	// packed: the device takes queues packed below a page and does not
+	// prefetch send WQEs (Packer).
+	packed bool
 
 	attrOnce sync.Once
 	attr     verbs.DeviceAttr
@@ -65,7 +68,10 @@ func Open(k Kernel) (*Context, error) {
 	if y, ok := k.(Yielder); ok {
 		c.yield = y.Yield
 	}
-	c.qmem.k = k
+	if p, ok := k.(Packer); ok && p.PacksQueues() {
+		c.packed = true
+	}
+	c.qmem.k, c.qmem.packed = k, c.packed
 	c.db.m = &c.qmem
 	var req uverbs.Cmd[uverbs.GetContext]
 	var resp mlx4abi.AllocUcontextResp

@@ -47,6 +47,22 @@ type Yielder interface {
 	Yield()
 }
 
+// Packer is implemented by a Kernel whose device (a software HCA) reads a
+// queue buffer at any 64-byte-aligned address and fetches a send WQE only
+// once its owner bit says it was posted, never ahead of that. When
+// PacksQueues is true, the provider packs queue buffers of at most half a
+// page several to a page, and keeps no headroom in a send queue: it asks
+// the device for no prefetch (sq_no_prefetch) and stamps nothing. A QP of
+// a few send slots then takes a fraction of a page instead of a page of
+// its own, and with thousands of QPs a message touches one page less (on
+// a virtual machine each distinct page can cost a nested page walk; see
+// docs/benchmarks.md). rdma-core's provider does neither, as a ConnectX-3
+// prefetches WQEs and maps queues by the page, and neither does this one
+// for hardware (OpenUverbs).
+type Packer interface {
+	PacksQueues() bool
+}
+
 // UAR is a mapped doorbell page. Writes are posted to the device in program
 // order.
 type UAR interface {

@@ -22,13 +22,31 @@ import (
 // (vm.max_map_count) long before its max_qp. rdma-core's providers take
 // queue buffers from the process's heap in the same spirit.
 //
-// A buffer is zeroed when it is handed out. queueMem owns its chunks; a
-// buffer is the caller's from alloc until free, and the device's to reach
-// for as long as the caller keeps a queue on it.
+// With a device that takes them (packed, Packer), a buffer of at most
+// maxSmall bytes comes from a page shared with buffers of its size, a
+// power of two from minSmall: the 4-slot send queue of a QP takes 256
+// bytes, not a page of its own.
+//
+// A buffer is zeroed when it is handed out. queueMem owns its chunks and
+// small pages; a buffer is the caller's from alloc until free, and the
+// device's to reach for as long as the caller keeps a queue on it.
 type queueMem struct {
 	k      Kernel
+	packed bool // set before the first alloc
 	mu     sync.Mutex
 	chunks []*qchunk // guarded by mu; sorted by address
+	// Pages cut into small buffers, by address, and of each size class
+	// those with a buffer free; guarded by mu.
+	small   map[uintptr]*smallPage
+	partial [smallClasses][]*smallPage
+}
+
+// smallPage is a page of a chunk cut into buffers of one size.
+type smallPage struct {
+	b     []byte   // the page
+	class int      // the buffers are minSmall<<class bytes
+	used  []uint64 // a bit per buffer
+	n     int      // buffers in use
 }
 
 // qchunk is one allocation of the Kernel that buffers are carved from.
@@ -44,6 +62,11 @@ const (
 	// maxPooledPages is the largest buffer taken from a chunk; a larger
 	// one is an allocation of its own.
 	maxPooledPages = 16
+	// Small buffers (packed): from minSmall (a cache line, the alignment
+	// the device asks for) to maxSmall bytes, in smallClasses sizes.
+	minSmall     = 64
+	maxSmall     = 2048
+	smallClasses = 6
 )
 
 // alloc returns a zeroed, page-aligned buffer of n bytes whose capacity
@@ -60,6 +83,16 @@ func (m *queueMem) alloc(n int) ([]byte, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.packed && n <= maxSmall && 2*maxSmall <= ps {
+		return m.allocSmall(n)
+	}
+	return m.allocPages(n, pages)
+}
+
+// allocPages returns a buffer of n bytes on pages whole pages of a chunk.
+// Caller holds m.mu.
+func (m *queueMem) allocPages(n, pages int) ([]byte, error) {
+	ps := unix.PageSize
 	for _, c := range m.chunks {
 		if c.n+pages > chunkPages {
 			continue
@@ -89,6 +122,19 @@ func (m *queueMem) free(b []byte) error {
 	ps := unix.PageSize
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if cap(b) < ps { // only a small buffer is less than a page
+		p := m.small[addrOf(b)&^uintptr(ps-1)]
+		if p == nil {
+			return unix.Errorf(unix.EINVAL, "free of queue memory that is not a buffer in use (%d bytes at %#x)", cap(b), addrOf(b))
+		}
+		return m.freeSmall(p, b)
+	}
+	return m.freePages(b)
+}
+
+// freePages gives back a buffer of whole pages. Caller holds m.mu.
+func (m *queueMem) freePages(b []byte) error {
+	ps := unix.PageSize
 	i, c := m.chunkOf(addrOf(b))
 	if c == nil {
 		return m.k.FreeQueue(b)
@@ -107,6 +153,64 @@ func (m *queueMem) free(b []byte) error {
 		return m.k.FreeQueue(c.b)
 	}
 	return nil
+}
+
+// allocSmall returns a buffer of n bytes (at most maxSmall) from a page of
+// buffers of its size. Caller holds m.mu.
+func (m *queueMem) allocSmall(n int) ([]byte, error) {
+	class := 0
+	for minSmall<<class < n {
+		class++
+	}
+	size := minSmall << class
+	if len(m.partial[class]) == 0 {
+		pb, err := m.allocPages(unix.PageSize, 1)
+		if err != nil {
+			return nil, err
+		}
+		p := &smallPage{b: pb, class: class, used: make([]uint64, (unix.PageSize/size+63)/64)}
+		if m.small == nil {
+			m.small = make(map[uintptr]*smallPage)
+		}
+		m.small[addrOf(pb)] = p
+		m.partial[class] = append(m.partial[class], p)
+	}
+	ps := m.partial[class]
+	p := ps[len(ps)-1]
+	for i := range unix.PageSize / size {
+		if p.used[i/64]&(1<<(i%64)) != 0 {
+			continue
+		}
+		p.used[i/64] |= 1 << (i % 64)
+		if p.n++; p.n == unix.PageSize/size {
+			m.partial[class] = ps[:len(ps)-1]
+		}
+		return p.b[i*size : i*size+n : (i+1)*size], nil
+	}
+	panic("mlx4: a small page in the partial list has no buffer free")
+}
+
+// freeSmall gives back b, a buffer of page p. It clears the buffer; a page
+// none of whose buffers is in use goes back to its chunk. Caller holds
+// m.mu.
+func (m *queueMem) freeSmall(p *smallPage, b []byte) error {
+	size := minSmall << p.class
+	off := int(addrOf(b) - addrOf(p.b))
+	i := off / size
+	if off%size != 0 || cap(b) != size || p.used[i/64]&(1<<(i%64)) == 0 {
+		return unix.Errorf(unix.EINVAL, "free of queue memory that is not a buffer in use (%d bytes at %d of a page of %d-byte buffers)", cap(b), off, size)
+	}
+	clear(b[:cap(b)])
+	p.used[i/64] &^= 1 << (i % 64)
+	if p.n--; p.n == unix.PageSize/size-1 {
+		m.partial[p.class] = append(m.partial[p.class], p)
+	}
+	if p.n > 0 {
+		return nil
+	}
+	m.partial[p.class] = slices.DeleteFunc(m.partial[p.class], func(o *smallPage) bool { return o == p })
+	delete(m.small, addrOf(p.b))
+	return m.freePages(p.b)
 }
 
 // close gives back the chunks no buffer is in use in. Those that still

@@ -180,3 +180,103 @@ func TestQueueMemNoThrashWhenFull(t *testing.T) {
 		t.Errorf("10 create/destroy cycles of a 2-page queue took %d chunks of %d KiB from the Kernel, want at most 1", n, chunkPages*unix.PageSize>>10)
 	}
 }
+
+// TestQueueMemPacked: with a device that takes packed queues, buffers of up
+// to maxSmall bytes share pages with buffers of their size class: each is
+// aligned to its class, zeroed (also where an earlier buffer was), never
+// overlaps another, and a thousand take a few pages; a bad free is refused
+// and changes nothing; when all are freed, their pages go back.
+func TestQueueMemPacked(t *testing.T) {
+	k := &countingKernel{}
+	m := &queueMem{k: k, packed: true}
+	rng := rand.New(rand.NewPCG(3, 4))
+	type buf struct {
+		b   []byte
+		tag byte
+	}
+	var live []buf
+	maxPages := 0
+	for round := range 6000 {
+		if len(live) > 0 && (len(live) > 1000 || rng.IntN(3) == 0) {
+			i := rng.IntN(len(live))
+			x := live[i]
+			for j, v := range x.b[:cap(x.b)] {
+				if v != x.tag {
+					t.Fatalf("round %d: byte %d of a buffer is %#x, written %#x: another buffer overlaps it", round, j, v, x.tag)
+				}
+			}
+			if err := m.free(x.b); err != nil {
+				t.Fatal(err)
+			}
+			live[i] = live[len(live)-1]
+			live = live[:len(live)-1]
+			continue
+		}
+		n := 1 + rng.IntN(maxSmall)
+		if rng.IntN(20) == 0 {
+			n = maxSmall + 1 + rng.IntN(2*unix.PageSize) // whole pages, beside the small ones
+		}
+		b, err := m.alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		align := unix.PageSize
+		if n <= maxSmall {
+			align = minSmall
+			for align < n {
+				align *= 2
+			}
+		}
+		if len(b) != n || cap(b)%align != 0 || addrOf(b)%uintptr(align) != 0 {
+			t.Fatalf("buffer of %d bytes: len %d cap %d at %#x, want aligned to %d", n, len(b), cap(b), addrOf(b), align)
+		}
+		for j, v := range b[:cap(b)] {
+			if v != 0 {
+				t.Fatalf("buffer of %d bytes: byte %d is %#x, not zeroed", n, j, v)
+			}
+		}
+		tag := byte(1 + round%250)
+		for j := range cap(b) {
+			b[:cap(b)][j] = tag
+		}
+		live = append(live, buf{b, tag})
+		maxPages = max(maxPages, len(m.small))
+	}
+	if maxPages > 1000*maxSmall/unix.PageSize {
+		t.Errorf("%d small pages for at most 1,000 buffers of up to %d bytes", maxPages, maxSmall)
+	}
+	var x []byte
+	for _, l := range live {
+		if cap(l.b) < unix.PageSize {
+			x = l.b
+			break
+		}
+	}
+	if x == nil {
+		t.Fatal("no small buffer left live")
+	}
+	for _, bad := range [][]byte{x[minSmall/2:], x[: 0 : cap(x)/2]} {
+		if err := m.free(bad); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("free of part of a %d-byte buffer (cap %d): %v, want EINVAL", cap(x), cap(bad), err)
+		}
+	}
+	for _, l := range live {
+		if err := m.free(l.b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.free(x); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("second free of a small buffer: %v, want EINVAL", err)
+	}
+	if len(m.small) != 0 || k.live != 1 {
+		t.Fatalf("all freed: %d small pages, %d allocations of the Kernel live, want 0 and 1", len(m.small), k.live)
+	}
+	for _, p := range m.partial {
+		if len(p) != 0 {
+			t.Fatalf("all freed: %d small pages still listed with a buffer free", len(p))
+		}
+	}
+	if err := m.close(); err != nil || k.live != 0 {
+		t.Fatalf("close: %v, %d allocations live", err, k.live)
+	}
+}

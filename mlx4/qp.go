@@ -79,7 +79,7 @@ type QP struct {
 	ctx    *Context
 	qpn    uint32
 	sigAll uint32 // CtrlCQUpdate when every request is signaled
-	spare  uint32 // headroom slots kept free for prefetch
+	spare  uint32 // headroom slots kept free for prefetch; 0 if the device does not prefetch (Packer)
 	typ    verbs.QPType
 	// maxInline is read by inline posts.
 	maxInline int
@@ -160,7 +160,11 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 	}
 
 	qp.sq.shift = sqWQEShift(cp)
-	qp.spare = (2048 >> qp.sq.shift) + 1
+	if !c.packed {
+		// 2 KiB of slots that a prefetching device may read ahead of
+		// the last WQE posted, plus one (rdma-core's sq_spare_wqes).
+		qp.spare = (2048 >> qp.sq.shift) + 1
+	}
 	qp.sq.cnt = roundPow2(cp.MaxSendWR + qp.spare)
 	if qp.srq == nil && !ini {
 		cp.MaxRecvWR = max(cp.MaxRecvWR, 1)
@@ -196,6 +200,9 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 		Drv: mlx4abi.IBCreateQP{
 			BufAddr: addr(qp.mem.buf), DBAddr: addr(qp.mem.db), LogSQBbCount: logCnt, LogSQStride: uint8(qp.sq.shift),
 		},
+	}
+	if c.packed {
+		req.Drv.SQNoPrefetch = 1
 	}
 	if qp.recvCQ != nil {
 		req.Core.RecvCQHandle = qp.recvCQ.handle
@@ -253,9 +260,10 @@ func (qp *QP) initSQOwnership() {
 // of slot i, so that a prefetching device never takes stale data for a
 // valid segment. Slots of one block have nothing to stamp: their WQE's
 // size is not even read, which would touch a line of the send queue that
-// the post has no other use for.
+// the post has no other use for. Nor has a QP with no headroom, whose
+// device does not prefetch (Packer).
 func (qp *QP) stamp(i uint32) {
-	if 1<<qp.sq.shift <= mlx4hw.BasicBlockSize {
+	if 1<<qp.sq.shift <= mlx4hw.BasicBlockSize || qp.spare == 0 {
 		return
 	}
 	w := qp.sq.slot(i)

@@ -175,6 +175,10 @@ func (k *remoteKernel) Name() string { return k.name }
 // slice ends, milliseconds later.
 func (k *remoteKernel) Yield() { unix.SchedYield() }
 
+// PacksQueues: the device reads queues at any 64-byte-aligned address and
+// fetches a send WQE only once it is posted (mlx4.Packer).
+func (k *remoteKernel) PacksQueues() bool { return true }
+
 // Write sends a uverbs command; the device writes its response into this
 // process's memory, as the kernel would, before it replies.
 func (k *remoteKernel) Write(cmd []byte) (int, error) {

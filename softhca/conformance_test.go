@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/xrcrun/xrc/mlx4"
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/verbs"
 	"github.com/xrcrun/xrc/verbs/verbstest"
@@ -152,8 +153,36 @@ func open(t testing.TB, d *softhca.Device) *verbs.Context {
 	return c
 }
 
+// hardwareKernel hides the kernel's mlx4.Packer: the provider lays out its
+// queues as for a ConnectX-3, each on pages of its own, with headroom slots
+// stamped against prefetch.
+type hardwareKernel struct{ mlx4.Kernel }
+
+// openUnpacked opens d as open does, with queues laid out as for hardware.
+func openUnpacked(t testing.TB, d *softhca.Device) *verbs.Context {
+	t.Helper()
+	k, err := d.Kernel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := mlx4.Open(hardwareKernel{k})
+	if err != nil {
+		k.Close()
+		t.Fatal(err)
+	}
+	c := verbs.NewContext(d.Name(), p, verbs.Config{})
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return c
+}
+
 // TestConformance runs the verbs suite on in-process software HCAs: both
-// sides on one device (loopback), and two devices joined by a fabric.
+// sides on one device (loopback), and two devices joined by a fabric, with
+// the provider's queues packed (mlx4.Packer) and, once, laid out as for
+// hardware.
 func TestConformance(t *testing.T) {
 	t.Run("OneDevice", func(t *testing.T) {
 		verbstest.Run(t, verbstest.Env{Name: "in-process loopback", Open: func(t testing.TB) (a, b *verbs.Context) {
@@ -165,6 +194,12 @@ func TestConformance(t *testing.T) {
 		verbstest.Run(t, verbstest.Env{Name: "in-process, two devices", Open: func(t testing.TB) (a, b *verbs.Context) {
 			f := softhca.NewFabric()
 			return open(t, newDevice(t, f)), open(t, newDevice(t, f))
+		}})
+	})
+	t.Run("TwoDevices/HardwareLayout", func(t *testing.T) {
+		verbstest.Run(t, verbstest.Env{Name: "in-process, two devices, queues as for hardware", Open: func(t testing.TB) (a, b *verbs.Context) {
+			f := softhca.NewFabric()
+			return openUnpacked(t, newDevice(t, f)), openUnpacked(t, newDevice(t, f))
 		}})
 	})
 	t.Run("UDP/OneDevice", func(t *testing.T) {
@@ -184,4 +219,38 @@ func TestConformance(t *testing.T) {
 func isBenchmark(t testing.TB) bool {
 	_, ok := t.(*testing.B)
 	return ok
+}
+
+// TestPackedQueues: through a software HCA the provider keeps no headroom
+// slots in a send queue (mlx4.Packer), so a QP asked for 4 send WRs gets 4
+// slots; laid out as for hardware it gets the 2 KiB of headroom as well and
+// takes up to 31.
+func TestPackedQueues(t *testing.T) {
+	f := softhca.NewFabric()
+	for _, v := range []struct {
+		name string
+		open func(testing.TB, *softhca.Device) *verbs.Context
+		want uint32
+	}{{"packed", open, 4}, {"hardware layout", openUnpacked, 31}} {
+		c := v.open(t, newDevice(t, f))
+		pd, err := c.AllocPD()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pd.Close()
+		cq, err := c.CreateCQ(16, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cq.Close()
+		qp, err := pd.CreateQP(&verbs.QPInitAttr{Type: verbs.QPTRC, SendCQ: cq, RecvCQ: cq,
+			Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer qp.Close()
+		if got := qp.Cap().MaxSendWR; got != v.want {
+			t.Errorf("%s: a QP asked for 4 send WRs takes %d, want %d", v.name, got, v.want)
+		}
+	}
 }

@@ -68,6 +68,10 @@ func (k *localKernel) Close() error                  { return k.c.Close() }
 // engine is a goroutine on the same CPUs.
 func (k *localKernel) Yield() { runtime.Gosched() }
 
+// PacksQueues: the device reads queues at any 64-byte-aligned address and
+// fetches a send WQE only once it is posted (mlx4.Packer).
+func (k *localKernel) PacksQueues() bool { return true }
+
 func (k *localKernel) MapUAR() (mlx4.UAR, error) { return &localUAR{e: k.d.eng, c: k.c}, nil }
 
 // AllocQueue maps memory and shares it with the device.

@@ -170,6 +170,11 @@ func (d *Device) cmdCreateQP(r *request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A buffer may start at any 64-byte boundary, not only a page's (a
+	// provider packs small queues, mlx4.Packer). The device fetches a send
+	// WQE only once its owner bit says it was posted, never ahead of that,
+	// so it has no use for headroom slots, and sq_no_prefetch changes
+	// nothing.
 	if drv.BufAddr%64 != 0 {
 		return nil, unix.Error(unix.EINVAL, "misaligned QP buffer")
 	}

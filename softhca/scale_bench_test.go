@@ -162,6 +162,12 @@ func (k *scaleKernel) Yield() {
 	}
 }
 
+// PacksQueues keeps the in-process kernel's mlx4.Packer.
+func (k *scaleKernel) PacksQueues() bool {
+	p, ok := k.Kernel.(mlx4.Packer)
+	return ok && p.PacksQueues()
+}
+
 // scaleOpen opens d as Device.Open does, through a scaleKernel.
 func scaleOpen(b *testing.B, d *softhca.Device) (*verbs.Context, *scaleKernel) {
 	b.Helper()
@@ -181,29 +187,32 @@ func scaleOpen(b *testing.B, d *softhca.Device) (*verbs.Context, *scaleKernel) {
 }
 
 // scaleQueueBytes computes the queue memory the mlx4 provider allocates for
-// a QP of capacities c, following its layout (mlx4/qp.go, PD.CreateQP):
-// send WQE slots of 2^shift bytes, where a slot holds c.MaxSendSGE data
-// segments after the control and remote address segments; 2048>>shift+1
-// spare slots beyond c.MaxSendWR; receive slots of roundPow2(MaxRecvSGE)
-// data segments; the buffer in whole pages; and an 8-byte doorbell record
-// when the QP has its own receive queue.
+// a QP of capacities c on a software HCA, following its layout (mlx4/qp.go,
+// PD.CreateQP; mlx4/qmem.go): send WQE slots of 2^shift bytes, where a slot
+// holds c.MaxSendSGE data segments after the control and remote address
+// segments; no spare slots beyond c.MaxSendWR (the device does not
+// prefetch, mlx4.Packer); receive slots of roundPow2(MaxRecvSGE) data
+// segments; a buffer of up to 2 KiB in a power of two from 64 bytes, which
+// it shares a page with others of its size, a larger one in whole pages;
+// and an 8-byte doorbell record when the QP has its own receive queue.
 func scaleQueueBytes(b *testing.B, c verbs.QPCap) int {
 	b.Helper()
-	const segSize, ctrlSize, raddrSize, page = 16, 16, 16, 4096
+	const segSize, ctrlSize, raddrSize, page, maxSmall = 16, 16, 16, 4096, 2048
 	slot := int(c.MaxSendSGE)*segSize + ctrlSize + raddrSize
 	if slot&(slot-1) != 0 {
 		b.Fatalf("send slot of %d bytes from capacities %+v: not the mlx4 layout", slot, c)
 	}
-	shift := bits.TrailingZeros(uint(slot))
-	cnt := int(c.MaxSendWR) + 2048>>shift + 1
-	if cnt&(cnt-1) != 0 {
-		b.Fatalf("%d send slots from capacities %+v: not the mlx4 layout", cnt, c)
+	if c.MaxSendWR&(c.MaxSendWR-1) != 0 {
+		b.Fatalf("%d send slots from capacities %+v: not the mlx4 layout with no spare slots", c.MaxSendWR, c)
 	}
-	n := cnt << shift
+	n := int(c.MaxSendWR) * slot
 	db := 0
 	if c.MaxRecvWR > 0 {
 		n += int(c.MaxRecvWR) * (1 << bits.Len(uint(max(c.MaxRecvSGE, 1))-1)) * segSize
 		db = 8
+	}
+	if n <= maxSmall {
+		return 1<<bits.Len(uint(max(n, 64)-1)) + db
 	}
 	return (n+page-1)/page*page + db
 }
