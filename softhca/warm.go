@@ -92,20 +92,30 @@ type warmQP struct {
 // requesterLines appends the addresses of the cache lines of q that the
 // requester reads for a message: the first line, and from the send CQ to
 // the last of the requester's state a message uses.
+//
+// The addresses are computed from q's without dereferencing it: a nil
+// check on q (which Go does by touching it, where a call is not inlined)
+// would wait for the very line this is to prefetch.
 func (q *qp) requesterLines(a []uintptr) []uintptr {
-	a = append(a, addr(q))
-	return appendLines(a, addr(&q.scq), addr(&q.req.heapAt)+unsafe.Sizeof(q.req.heapAt))
+	base := addr(q)
+	a = append(a, base)
+	return appendLines(a, base+unsafe.Offsetof(q.scq),
+		base+unsafe.Offsetof(q.req)+unsafe.Offsetof(q.req.heapAt)+unsafe.Sizeof(q.req.heapAt))
 }
 
 // responderLines appends the addresses of the cache lines of q that the
 // responder reads for a request: the first line, and the receive side's
 // state up to the scatter list of a receive; for an XRC request (xrc) also
 // the line of the message's XRC SRQ.
+// As requesterLines, it does not dereference q.
 func (q *qp) responderLines(a []uintptr, xrc bool) []uintptr {
-	a = append(a, addr(q))
-	a = appendLines(a, addr(&q.rcq), addr(&q.resp.recvSG1)+unsafe.Sizeof(q.resp.recvSG1))
+	base := addr(q)
+	resp := base + unsafe.Offsetof(q.resp)
+	a = append(a, base)
+	a = appendLines(a, base+unsafe.Offsetof(q.rcq), resp+unsafe.Offsetof(q.resp.recvSG1)+unsafe.Sizeof(q.resp.recvSG1))
 	if xrc {
-		a = appendLines(a, addr(&q.resp.xsrq), addr(&q.resp.xsrq)+unsafe.Sizeof(q.resp.xsrq))
+		x := resp + unsafe.Offsetof(q.resp.xsrq)
+		a = appendLines(a, x, x+unsafe.Sizeof(q.resp.xsrq))
 	}
 	return a
 }
