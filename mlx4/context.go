@@ -233,8 +233,9 @@ type ring struct {
 	db  []byte
 }
 
-// allocRing allocates a zeroed queue buffer of n bytes (on whole pages) and,
-// if withDB, a doorbell record.
+// allocRing allocates a zeroed queue buffer of n bytes (on whole pages, or
+// a small one sharing a page when the device takes packed queues, Packer)
+// and, if withDB, a doorbell record.
 func (c *Context) allocRing(n int, withDB bool) (ring, error) {
 	buf, err := c.qmem.alloc(n)
 	if err != nil {

@@ -69,8 +69,9 @@ const (
 	smallClasses = 6
 )
 
-// alloc returns a zeroed, page-aligned buffer of n bytes whose capacity
-// is whole pages.
+// alloc returns a zeroed buffer of n bytes: page-aligned and of whole
+// pages, or, packed, a small one (n <= maxSmall) aligned to its capacity, a
+// power of two from minSmall.
 func (m *queueMem) alloc(n int) ([]byte, error) {
 	ps := unix.PageSize
 	pages := (n + ps - 1) / ps

@@ -145,9 +145,6 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 	if cp.MaxSendWR > dev.MaxQPWR || cp.MaxRecvWR > dev.MaxQPWR || cp.MaxSendSGE > dev.MaxSGE || cp.MaxRecvSGE > dev.MaxSGE {
 		return nil, unix.Errorf(unix.EINVAL, "qp capabilities %+v exceed the device's %d WRs and %d SGEs", cp, dev.MaxQPWR, dev.MaxSGE)
 	}
-	if cp.MaxInlineData > 1024 {
-		return nil, unix.Errorf(unix.EINVAL, "%d bytes of inline data, at most 1024", cp.MaxInlineData)
-	}
 	qp := &QP{ctx: c, typ: attr.Type, sendCQ: attr.SendCQ.(*CQ)}
 	if attr.RecvCQ != nil {
 		qp.recvCQ = attr.RecvCQ.(*CQ)
@@ -160,6 +157,13 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 	}
 
 	qp.sq.shift = sqWQEShift(cp)
+	// What a slot holds after the control and remote address segments, in
+	// a WQE the control segment can describe.
+	wqeSize := min(1<<qp.sq.shift, mlx4hw.MaxWQESize) - mlx4hw.CtrlSegSize - mlx4hw.RaddrSegSize
+	qp.maxInline = wqeSize - mlx4hw.InlineHdrSize*((wqeSize+mlx4hw.InlineAlign-1)/mlx4hw.InlineAlign)
+	if int(cp.MaxInlineData) > qp.maxInline {
+		return nil, unix.Errorf(unix.EINVAL, "%d bytes of inline data: a send WQE carries at most %d", cp.MaxInlineData, qp.maxInline)
+	}
 	if !c.packed {
 		// 2 KiB of slots that a prefetching device may read ahead of
 		// the last WQE posted, plus one (rdma-core's sq_spare_wqes).
@@ -223,12 +227,10 @@ func (pd *PD) CreateQP(attr verbs.QPInit) (verbs.ProviderQP, error) {
 
 	// The sizes the queues really have.
 	qp.rq.maxPost = qp.rq.cnt
-	wqeSize := 1<<qp.sq.shift - mlx4hw.CtrlSegSize - mlx4hw.RaddrSegSize
 	qp.sq.maxGS = int32(wqeSize / mlx4hw.DataSegSize)
 	qp.sq.maxPost = qp.sq.cnt - qp.spare
 	qp.sq.wrid = make([]uint64, roundPow2(qp.sq.maxPost))
 	qp.rq.wrid = make([]uint64, qp.rq.cnt)
-	qp.maxInline = wqeSize - mlx4hw.InlineHdrSize*((wqeSize+mlx4hw.InlineAlign-1)/mlx4hw.InlineAlign)
 	qp.cap = verbs.QPCap{
 		MaxSendWR: qp.sq.maxPost, MaxRecvWR: qp.rq.maxPost, MaxSendSGE: uint32(qp.sq.maxGS),
 		MaxRecvSGE: uint32(qp.rq.maxGS), MaxInlineData: uint32(qp.maxInline),

@@ -91,8 +91,12 @@ const (
 	InlineAlign    = 64 // inline segments never cross this boundary
 	InlineFlag     = 1 << 31
 	BasicBlockSize = 64 // send WQEs are whole basic blocks
-	CQESize        = 32
-	InvalidLKey    = 0x100 // terminates a receive scatter list
+	// MaxWQESize is the largest send WQE: its size, in 16-byte units,
+	// fills the control segment's 6-bit field (the kernel's
+	// max_sq_desc_sz).
+	MaxWQESize  = 0x3f * 16
+	CQESize     = 32
+	InvalidLKey = 0x100 // terminates a receive scatter list
 	// XRCQPNBit marks XRC QP numbers in CQEs.
 	XRCQPNBit = 1 << 23
 )
