@@ -39,8 +39,6 @@ import (
 	"strconv"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // guardCommand runs the guard: main dispatches it before it sets up any
@@ -144,19 +142,4 @@ func runGuard() int {
 		syscall.Kill(-pgid, syscall.SIGKILL)
 	}
 	return 0
-}
-
-// waitExited waits for process pid to exit without reaping it, so that
-// its number (and its process group's) is not reused until it is.
-func waitExited(pid int) error {
-	for {
-		var info unix.Siginfo
-		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
-		if err != syscall.EINTR {
-			if err != nil {
-				return fmt.Errorf("waitid %d: %w", pid, err)
-			}
-			return nil
-		}
-	}
 }

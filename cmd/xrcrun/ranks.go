@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	xunix "github.com/xrcrun/xrc/internal/unix"
+
 	"github.com/xrcrun/xrc/bootstrap"
 	"github.com/xrcrun/xrc/softhca"
 )
@@ -148,7 +150,7 @@ func (a *agent) startRank(r, local, size int, dev *nodeDevice) {
 		// the group, before the number is free. (Should waitid fail, the
 		// rank is reaped first.)
 		var werr error
-		err := waitExited(cmd.Process.Pid)
+		err := xunix.WaitExited(cmd.Process.Pid)
 		if err != nil {
 			a.log.Warn("rank", "rank", r, "err", err)
 			werr = cmd.Wait()

@@ -219,6 +219,21 @@ func WatchExit(pid int, exited func()) (stop func(), err error) {
 	return func() { f.Close() }, nil
 }
 
+// WaitExited waits for process pid, a child, to exit without reaping it,
+// so that its number (and its process group's) is not reused until it is.
+func WaitExited(pid int) error {
+	for {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if err != unix.EINTR {
+			if err != nil {
+				return Errorf(asErrno(err), "waitid %d", pid)
+			}
+			return nil
+		}
+	}
+}
+
 // Geteuid returns the effective user id.
 func Geteuid() int { return unix.Geteuid() }
 

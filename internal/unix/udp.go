@@ -5,6 +5,7 @@ package unix
 import (
 	"encoding/binary"
 	"net/netip"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -268,9 +269,13 @@ func sockaddrPort(rsa *unix.RawSockaddrAny) netip.AddrPort {
 }
 
 // Readable reports whether fd has data to read now.
-func Readable(fd int) bool {
+func Readable(fd int) bool { return ReadableWithin(fd, 0) }
+
+// ReadableWithin reports whether fd has data to read within d (rounded
+// down to milliseconds; poll(2) is not restarted after a signal).
+func ReadableWithin(fd int, d time.Duration) bool {
 	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	n, err := unix.Poll(p, 0)
+	n, err := unix.Poll(p, int(d.Milliseconds()))
 	return err == nil && n > 0 && p[0].Revents&unix.POLLIN != 0
 }
 

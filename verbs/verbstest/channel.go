@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/xrcrun/xrc/internal/unix"
 
 	"github.com/xrcrun/xrc/verbs"
 )
@@ -36,9 +36,8 @@ func testTryEvent(t *testing.T, env Env) {
 
 	check(t, p.b.cq.RequestNotify(false))
 	send(1)
-	fds := []unix.PollFd{{Fd: int32(ch.FD()), Events: unix.POLLIN}}
-	if n, err := unix.Poll(fds, int(PollTimeout.Milliseconds())); n != 1 || err != nil {
-		t.Fatalf("the channel's descriptor is not readable after an armed completion: %d, %v", n, err)
+	if !unix.ReadableWithin(ch.FD(), PollTimeout) {
+		t.Fatal("the channel's descriptor is not readable after an armed completion")
 	}
 	if cq, err := ch.TryEvent(); cq != p.b.cq || err != nil {
 		t.Fatalf("TryEvent after an armed completion: %v, %v", cq, err)
