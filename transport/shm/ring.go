@@ -12,21 +12,43 @@ import (
 // through shared memory. It is three control words, each on cache lines of
 // its own, and a data area whose size is a power of two:
 //
-//	+0    tail: bytes ever written (the producer's; the consumer reads it)
+//	+0    tail: bytes ever written (the producer's; the consumer reads it
+//	      only to check it and to decide whether to sleep: Pending)
 //	+128  head: bytes ever consumed (the consumer's; the producer reads it)
 //	+192  blocked: non-zero once the producer found the ring full; the
 //	      consumer that makes room clears it and wakes the producer
 //	+256  data
 //
-// A frame is an 8-byte header (the payload length, little endian, and four
-// reserved bytes) then the payload, padded to a multiple of 8. A frame
-// never wraps: when it does not fit before the end of the data area, the
-// producer writes a wrap marker there and the frame at the start.
+// A frame is an 8-byte header then the payload, padded to a multiple of 8.
+// The header is one little-endian 64-bit word: the payload length in the
+// low 32 bits and, in the high 32, the frame's stamp, stamp(pos) =
+// uint32(pos>>3) | 1<<31 for the frame at ring position pos (bytes ever
+// written before it). A frame never wraps: when it does not fit before the
+// end of the data area, the producer writes a wrap marker there (length
+// 0xffffffff, with the stamp of its own position) and the frame at the
+// start.
+//
+// The header is what publishes a frame: the producer writes the payload,
+// then the header with one atomic store, then tail. The consumer waits on
+// the header at its position, on the same cache line as a small frame's
+// payload, not on tail: a frame costs it one line from the producer's
+// cache, not two in a row. So that the bytes there before the header (an
+// earlier lap's payload) never pass for one, the slot after each frame is
+// zero before the frame is published: the producer zeroes it when it
+// reserves the frame, for which a frame needs 8 bytes of room beyond its
+// own; the slot at the start of the area after a wrap marker holds the
+// next frame's header before the marker is published. The slot at the
+// consumer's position is thus zero (nothing yet) or the header of the
+// frame there, with its stamp; the stamp (never zero) also tells a frame
+// of no bytes from an empty slot.
 //
 // The consumer trusts nothing in the ring: the peer process may be buggy
-// or hostile. A length out of range or a tail that moved backwards or too
-// far marks the ring corrupt (ErrCorrupt) and the consumer reads no more
-// from it; it never reads outside the mapping.
+// or hostile. A header with another stamp, a length out of range, a frame
+// that crosses the end of the data area, a tail that moved backwards or
+// too far, or a tail ahead of a frame that is not there marks the ring
+// corrupt (ErrCorrupt) and the consumer reads no more from it; it never
+// reads outside the mapping. It reads tail when it finds no frame (every
+// 64th time in Next; always in Pending).
 const (
 	ringCtl     = 256
 	frameHdr    = 8
@@ -65,6 +87,8 @@ type Producer struct {
 	pos        uint64 // the tail this producer has written up to
 	headSeen   uint64 // the last head read
 	res        int    // length of the reserved frame's payload, -1 when none
+	resOff     uint64 // the data offset of the reserved frame's header
+	wrapAt     uint64 // where the reserved frame's wrap marker goes, or ^0
 }
 
 // Consumer reads frames from a ring. Only one goroutine of one process may
@@ -76,6 +100,7 @@ type Consumer struct {
 	mask       uint64
 	pos        uint64 // the head this consumer has read up to
 	cur        uint64 // the ring bytes of the frame Next returned
+	idle       uint32 // Next's calls that found no frame, mod 2^32
 	err        error
 }
 
@@ -96,8 +121,17 @@ func NewProducer(b []byte) *Producer {
 // NewConsumer returns the consumer of the ring in b.
 func NewConsumer(b []byte) *Consumer {
 	t, h, bl, d := newRing(b)
-	return &Consumer{tail: t, head: h, blocked: bl, data: d, mask: uint64(len(d) - 1), pos: h.Load()}
+	c := &Consumer{tail: t, head: h, blocked: bl, data: d, mask: uint64(len(d) - 1), pos: h.Load()}
+	if c.pos%frameHdr != 0 {
+		c.corrupt("head %d not a multiple of %d", c.pos, frameHdr)
+	}
+	return c
 }
+
+// stamp is the high half of the header of the frame (or wrap marker) at
+// ring position pos: never zero, and not the same for the slots of one
+// offset in 2^31 laps.
+func stamp(pos uint64) uint64 { return uint64(uint32(pos>>3)|1<<31) << 32 }
 
 // MaxFrame is the largest payload a ring of this size carries: a quarter
 // of its data, so that several frames are in flight at once.
@@ -118,9 +152,12 @@ func (p *Producer) Reserve(n int) ([]byte, error) {
 	if off+need > size {
 		skip = size - off // a wrap marker fills the rest of the area
 	}
-	if p.pos+skip+need-p.headSeen > size {
+	// The frame, and the slot after it, which is zeroed now: the header
+	// that comes there must be the first thing the consumer sees in it.
+	room := p.pos + skip + need + frameHdr
+	if room-p.headSeen > size {
 		p.headSeen = p.head.Load()
-		if p.pos+skip+need-p.headSeen > size {
+		if room-p.headSeen > size {
 			// Full: say so, then look again. A consumer that made room
 			// meanwhile either is seen here or sees the mark (both are
 			// sequentially consistent) and wakes this producer.
@@ -128,18 +165,22 @@ func (p *Producer) Reserve(n int) ([]byte, error) {
 				p.blocked.Store(1)
 			}
 			p.headSeen = p.head.Load()
-			if p.pos+skip+need-p.headSeen > size {
+			if room-p.headSeen > size {
 				return nil, nil
 			}
 		}
 	}
+	p.wrapAt = ^uint64(0)
 	if skip > 0 {
-		binary.LittleEndian.PutUint32(p.data[off:], wrapMarker)
-		p.pos += skip
+		// The marker is published in Commit, after the frame at the
+		// start: the slot there holds stale bytes until then.
+		p.wrapAt = off
 		off = 0
 	}
-	binary.LittleEndian.PutUint64(p.data[off:], uint64(n))
+	// The next slot: off+need is at most size, and 0 at the end.
+	binary.LittleEndian.PutUint64(p.data[(off+need)&p.mask:], 0)
 	p.res = n
+	p.resOff = off
 	return p.data[off+frameHdr : off+frameHdr+uint64(n) : off+frameHdr+uint64(n)], nil
 }
 
@@ -149,7 +190,15 @@ func (p *Producer) Commit() {
 	if p.res < 0 {
 		panic("shm: Commit without Reserve")
 	}
-	p.pos += uint64(frameHdr + align8(p.res))
+	start := p.pos
+	if p.wrapAt != ^uint64(0) {
+		start += uint64(len(p.data)) - p.wrapAt
+	}
+	word(p.data, int(p.resOff)).Store(uint64(p.res) | stamp(start))
+	if p.wrapAt != ^uint64(0) {
+		word(p.data, int(p.wrapAt)).Store(wrapMarker | stamp(p.pos))
+	}
+	p.pos = start + uint64(frameHdr+align8(p.res))
 	p.res = -1
 	p.tail.Store(p.pos)
 }
@@ -183,29 +232,60 @@ func (c *Consumer) Next() ([]byte, error) {
 	}
 	size := uint64(len(c.data))
 	for {
-		tail := c.tail.Load()
-		if tail == c.pos {
-			return nil, nil
-		}
-		if tail-c.pos > size || tail < c.pos {
-			return nil, c.corrupt("tail %d, head %d", tail, c.pos)
-		}
 		off := c.pos & c.mask
-		if size-off < frameHdr {
-			return nil, c.corrupt("frame header at %d crosses the end", off)
+		h := word(c.data, int(off)).Load()
+		if h == 0 {
+			if c.idle++; c.idle&63 != 1 {
+				return nil, nil
+			}
+			if more, err := c.checkTail(); !more || err != nil {
+				return nil, err
+			}
+			continue
 		}
-		n := binary.LittleEndian.Uint32(c.data[off:])
+		if h&^0xffffffff != stamp(c.pos) {
+			return nil, c.corrupt("header %#x at %d, want stamp %#x", h, c.pos, stamp(c.pos)>>32)
+		}
+		n := uint32(h)
 		if n == wrapMarker {
-			// The rest of the area is skipped.
+			// The rest of the area is skipped; the frame at the start is
+			// never one.
+			if off == 0 {
+				return nil, c.corrupt("wrap marker at the start, position %d", c.pos)
+			}
 			c.pos += size - off
 			continue
 		}
 		need := uint64(frameHdr + align8(int(n)))
-		if int(n) > len(c.data)/4-frameHdr || off+need > size || c.pos+need > tail {
-			return nil, c.corrupt("frame of %d bytes at %d, tail %d", n, off, tail)
+		if int(n) > len(c.data)/4-frameHdr || off+need > size {
+			return nil, c.corrupt("frame of %d bytes at %d", n, off)
 		}
 		c.cur = need
 		return c.data[off+frameHdr : off+frameHdr+uint64(n) : off+frameHdr+uint64(n)], nil
+	}
+}
+
+// checkTail reads tail, having found no frame at the consumer's position,
+// and reports whether one is there now. The producer publishes a frame's
+// header before the tail that covers it: a tail past the position with
+// no header there is corrupt. It may lag: the consumer may have taken a
+// frame whose tail is not stored yet, at most one frame and the skip of
+// its wrap, less than half the area.
+func (c *Consumer) checkTail() (bool, error) {
+	tail := c.tail.Load()
+	size := uint64(len(c.data))
+	switch ahead, behind := tail-c.pos, c.pos-tail; {
+	case ahead == 0:
+		return false, nil
+	case ahead <= size:
+		if word(c.data, int(c.pos&c.mask)).Load() != 0 {
+			return true, nil
+		}
+		return false, c.corrupt("tail %d, head %d, and no frame there", tail, c.pos)
+	case behind <= size/2:
+		return false, nil
+	default:
+		return false, c.corrupt("tail %d, head %d", tail, c.pos)
 	}
 }
 
@@ -227,8 +307,18 @@ func (c *Consumer) Unblocked() bool {
 
 // Pending reports whether a frame may be waiting. A ring found corrupt is
 // not: nothing more is read from it, whatever its producer writes, so it
-// must not keep its owner awake.
-func (c *Consumer) Pending() bool { return c.err == nil && c.tail.Load() != c.pos }
+// must not keep its owner awake; Pending checks tail (checkTail), and a
+// ring it finds corrupt is pending this once, for Next to report it.
+func (c *Consumer) Pending() bool {
+	if c.err != nil {
+		return false
+	}
+	if word(c.data, int(c.pos&c.mask)).Load() != 0 {
+		return true
+	}
+	more, err := c.checkTail()
+	return more || err != nil
+}
 
 func (c *Consumer) corrupt(format string, args ...any) error {
 	c.err = fmt.Errorf("%w: "+format, append([]any{ErrCorrupt}, args...)...)
