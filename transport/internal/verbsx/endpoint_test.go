@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	xunix "github.com/xrcrun/xrc/internal/unix"
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/transport/internal/transporttest"
 	"github.com/xrcrun/xrc/verbs"
@@ -418,4 +419,53 @@ func TestArmOnlyBeforeSleep(t *testing.T) {
 		t.Fatalf("an arm gave more than one event: %v", count(t, b.Tr.m.CQEvents))
 	}
 	deliver(3)
+}
+
+// TestArmTakesTheEvent: a rank that sleeps on the completion channel's
+// descriptor itself (comm parks in Go's network poller on it), with no
+// goroutine watching the CQ, finds the descriptor readable after a
+// completion in the armed CQ; its next Arm takes that event, so that the
+// descriptor is no longer readable (a sleep would return at once, for
+// nothing, every time), and arms the CQ again, so that the next completion
+// makes it readable once more.
+func TestArmTakesTheEvent(t *testing.T) {
+	a, b, pa, _ := rcPair(t, 64, true, false) // nothing watches b's CQ
+	ca := pa.Conn
+	send := func(i int) {
+		t.Helper()
+		if ok, err := a.Tr.TrySend(1, []byte{byte(i)}); !ok || err != nil {
+			t.Fatalf("frame %d: %v, %v", i, ok, err)
+		}
+		progress(t, []*end{a}, func() bool { return ca.sqUsed == 0 }) // in b's CQ
+	}
+	fd := b.Tr.WakeFD()
+	if err := b.Tr.Arm(); err != nil {
+		t.Fatal(err)
+	}
+	if xunix.Readable(fd) {
+		t.Fatal("the channel is readable before any completion")
+	}
+	send(0)
+	if !xunix.ReadableWithin(fd, 10*time.Second) {
+		t.Fatal("a completion in the armed CQ did not make the channel readable")
+	}
+	if _, err := b.Tr.Progress(b.H); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Tr.Arm(); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, b.Tr.m.CQEvents); n != 1 {
+		t.Fatalf("the arm took %v events, want 1", n)
+	}
+	if xunix.Readable(fd) {
+		t.Fatal("the channel is still readable after the arm took its event")
+	}
+	send(1)
+	if !xunix.ReadableWithin(fd, 10*time.Second) {
+		t.Fatal("the arm did not arm the CQ again: a completion did not make the channel readable")
+	}
+	if _, err := b.Tr.Progress(b.H); err != nil || len(b.H.Frames[0]) != 2 {
+		t.Fatalf("b holds %d frames, want 2: %v", len(b.H.Frames[0]), err)
+	}
 }
