@@ -145,6 +145,11 @@ func open(t testing.TB, d *softhca.Device) *verbs.Context {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return closedAtEnd(t, c)
+}
+
+// closedAtEnd closes c when t ends, and returns it.
+func closedAtEnd(t testing.TB, c *verbs.Context) *verbs.Context {
 	t.Cleanup(func() {
 		if err := c.Close(); err != nil {
 			t.Error(err)
@@ -170,13 +175,7 @@ func openUnpacked(t testing.TB, d *softhca.Device) *verbs.Context {
 		k.Close()
 		t.Fatal(err)
 	}
-	c := verbs.NewContext(d.Name(), p, verbs.Config{})
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return c
+	return closedAtEnd(t, verbs.NewContext(d.Name(), p, verbs.Config{}))
 }
 
 // TestConformance runs the verbs suite on in-process software HCAs: both

@@ -87,7 +87,6 @@ type Producer struct {
 	pos        uint64 // the tail this producer has written up to
 	headSeen   uint64 // the last head read
 	res        int    // length of the reserved frame's payload, -1 when none
-	resOff     uint64 // the data offset of the reserved frame's header
 	wrapAt     uint64 // where the reserved frame's wrap marker goes, or ^0
 }
 
@@ -180,7 +179,6 @@ func (p *Producer) Reserve(n int) ([]byte, error) {
 	// The next slot: off+need is at most size, and 0 at the end.
 	binary.LittleEndian.PutUint64(p.data[(off+need)&p.mask:], 0)
 	p.res = n
-	p.resOff = off
 	return p.data[off+frameHdr : off+frameHdr+uint64(n) : off+frameHdr+uint64(n)], nil
 }
 
@@ -194,7 +192,7 @@ func (p *Producer) Commit() {
 	if p.wrapAt != ^uint64(0) {
 		start += uint64(len(p.data)) - p.wrapAt
 	}
-	word(p.data, int(p.resOff)).Store(uint64(p.res) | stamp(start))
+	word(p.data, int(start&p.mask)).Store(uint64(p.res) | stamp(start))
 	if p.wrapAt != ^uint64(0) {
 		word(p.data, int(p.wrapAt)).Store(wrapMarker | stamp(p.pos))
 	}
