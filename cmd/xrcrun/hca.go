@@ -59,6 +59,10 @@ func runHCA(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("hca: --addr: %w", err)
 	}
+	faults := softhca.Faults{Loss: *loss, Duplicate: *dup, Reorder: *reorder, Delay: *delay, DelayBy: *delayBy, Seed: *seed}
+	if err := checkFaults(faults); err != nil {
+		return fmt.Errorf("hca: %w", err)
+	}
 	if *procs > 0 {
 		runtime.GOMAXPROCS(*procs)
 	}
@@ -73,7 +77,7 @@ func runHCA(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	d, err := softhca.New(ctx, softhca.Config{
 		Name: *name, Addr: ip, UDP: true, MTU: *mtu, SpinIdle: *spin, SpinYield: true, Logger: log, Registerer: reg,
-		Faults: softhca.Faults{Loss: *loss, Duplicate: *dup, Reorder: *reorder, Delay: *delay, DelayBy: *delayBy, Seed: *seed},
+		Faults: faults,
 	})
 	if err != nil {
 		return err
@@ -91,4 +95,22 @@ func runHCA(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	log.Info("device up", "name", *name, "addr", ip, "mtu", *mtu)
 	return d.Serve(ctx, *dir)
+}
+
+// checkFaults refuses a fault probability outside 0 to 1 (NaN included):
+// above 1 the device dropped every packet, below 0 none, and a NaN could
+// not be sent to the node agents.
+func checkFaults(f softhca.Faults) error {
+	for _, p := range []struct {
+		flag string
+		v    float64
+	}{{"--loss", f.Loss}, {"--dup", f.Duplicate}, {"--reorder", f.Reorder}, {"--delay", f.Delay}} {
+		if !(p.v >= 0 && p.v <= 1) {
+			return fmt.Errorf("%s %v: a probability, 0 to 1", p.flag, p.v)
+		}
+	}
+	if f.DelayBy < 0 {
+		return fmt.Errorf("--delay-by %v: must not be negative", f.DelayBy)
+	}
+	return nil
 }

@@ -164,6 +164,9 @@ func parseLaunch(args []string, stderr io.Writer) (*launchConfig, error) {
 	case c.timeout < 0 || c.grace < 0 || c.agentWait < 0 && c.agentWait != -1:
 		return nil, errors.New("--timeout, --grace and --agent-timeout must not be negative")
 	}
+	if err := checkFaults(c.faults); err != nil {
+		return nil, err
+	}
 	if !oneOf(c.transport, "rc", "xrc", "auto") {
 		return nil, fmt.Errorf("--transport %q: rc, xrc or auto", c.transport)
 	}
