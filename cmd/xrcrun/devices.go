@@ -25,6 +25,10 @@ func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.SetOutput(stderr)
 	verbose := fs.Bool("v", false, "print all attributes and the port counters")
 	only := fs.String("d", "", "print only the device called `name`")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: xrcrun devices [-v] [-d NAME]")
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -28,7 +28,7 @@ func runHCA(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var (
 		name    = fs.String("name", "", "device `name` (required), as verbs lists it")
 		addr    = fs.String("addr", "", "the port's IP `address` (required): RoCEv2 uses UDP port 4791 on it, and the GID derives from it")
-		dir     = fs.String("dir", softhca.RuntimeDir(), "runtime `directory` of the device socket (default: $"+softhca.RuntimeDirEnv+", else $XDG_RUNTIME_DIR/xrc, else /tmp/xrc-UID)")
+		dir     = fs.String("dir", "", "runtime `directory` of the device socket (default: $"+softhca.RuntimeDirEnv+", else $XDG_RUNTIME_DIR/xrc, else /tmp/xrc-UID)") // "": Serve takes softhca.RuntimeDir()
 		mtu     = fs.Int("mtu", 4096, "port MTU: 256, 512, 1024, 2048 or 4096")
 		spin    = fs.Duration("spin", softhca.ProcessSpinIdle, "how long the engine keeps polling for work before it sleeps, giving the CPU to any other runnable thread between polls (0: it sleeps at once)")
 		loss    = fs.Float64("loss", 0, "fault injection: probability that a sent packet is dropped")
@@ -59,6 +59,10 @@ func runHCA(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("hca: --addr: %w", err)
 	}
+	faults := softhca.Faults{Loss: *loss, Duplicate: *dup, Reorder: *reorder, Delay: *delay, DelayBy: *delayBy, Seed: *seed}
+	if err := checkFaults(faults); err != nil {
+		return fmt.Errorf("hca: %w", err)
+	}
 	if *procs > 0 {
 		runtime.GOMAXPROCS(*procs)
 	}
@@ -73,7 +77,7 @@ func runHCA(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	d, err := softhca.New(ctx, softhca.Config{
 		Name: *name, Addr: ip, UDP: true, MTU: *mtu, SpinIdle: *spin, SpinYield: true, Logger: log, Registerer: reg,
-		Faults: softhca.Faults{Loss: *loss, Duplicate: *dup, Reorder: *reorder, Delay: *delay, DelayBy: *delayBy, Seed: *seed},
+		Faults: faults,
 	})
 	if err != nil {
 		return err
@@ -91,4 +95,22 @@ func runHCA(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	log.Info("device up", "name", *name, "addr", ip, "mtu", *mtu)
 	return d.Serve(ctx, *dir)
+}
+
+// checkFaults refuses a fault probability outside 0 to 1 (NaN included):
+// above 1 the device dropped every packet, below 0 none, and a NaN could
+// not be sent to the node agents.
+func checkFaults(f softhca.Faults) error {
+	for _, p := range []struct {
+		flag string
+		v    float64
+	}{{"--loss", f.Loss}, {"--dup", f.Duplicate}, {"--reorder", f.Reorder}, {"--delay", f.Delay}} {
+		if !(p.v >= 0 && p.v <= 1) {
+			return fmt.Errorf("%s %v: a probability, 0 to 1", p.flag, p.v)
+		}
+	}
+	if f.DelayBy < 0 {
+		return fmt.Errorf("--delay-by %v: must not be negative", f.DelayBy)
+	}
+	return nil
 }

@@ -83,7 +83,7 @@ func launchFlags(stderr io.Writer) (*flag.FlagSet, *launchConfig) {
 	c := &launchConfig{}
 	fs := flag.NewFlagSet("xrcrun", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.IntVar(&c.n, "n", 0, "the number of ranks (default: the slots of --hostfile/-H, else SLURM_NTASKS in an allocation, else one per node)")
+	fs.IntVar(&c.n, "n", 0, "the number of ranks (default: --ppn on every node, else the slots of --hostfile/-H, else SLURM_NTASKS in an allocation, else one per node)")
 	fs.IntVar(&c.nodes, "nodes", 0, "emulate `K` nodes on this machine: a node agent and soft HCA each, on its own loopback address")
 	fs.IntVar(&c.ppn, "ppn", 0, "ranks per node, placed in blocks (default: the nodes' slots, else an even share)")
 	fs.String("map-by", "slot", "`slot`: consecutive ranks fill a node before the next; node: round robin over the nodes")
@@ -95,7 +95,7 @@ func launchFlags(stderr io.Writer) (*flag.FlagSet, *launchConfig) {
 	fs.Var(seconds{&c.timeout}, "timeout", "end the job after `duration` (10s, 5m, 1h30m; a plain number is seconds, as mpirun's), exit status 124; 0: no limit")
 	fs.StringVar(&c.transport, "transport", "auto", "the ranks' transport: rc, xrc or auto (XRC_TRANSPORT)")
 	fs.StringVar(&c.connect, "connect", "lazy", "when ranks connect: eager (all at start) or lazy (at the first message; XRC_CONNECT)")
-	fs.StringVar(&c.baseAddr, "base-addr", "", "with --nodes, node K's soft HCA listens on this `IPv4` address plus K (default: 127.0.1.1 plus K if free, else free loopback addresses)")
+	fs.StringVar(&c.baseAddr, "base-addr", "", "node K's soft HCA on this machine (--nodes, or a job's one node) listens on this `IPv4` address plus K, taken or not (default: 127.0.1.1 plus K if free, else free loopback addresses)")
 	fs.StringVar(&c.addr, "addr", "", "the `address` agents and ranks reach the launcher at (default: 127.0.0.1 on one machine, else the address of the route to the first host)")
 	c.grace = 3 * time.Second
 	fs.Var(seconds{&c.grace}, "grace", "how long ranks have between SIGTERM and SIGKILL when the job ends early (a plain number is seconds)")
@@ -163,6 +163,9 @@ func parseLaunch(args []string, stderr io.Writer) (*launchConfig, error) {
 		return nil, errors.New("give --hostfile or -H, not both")
 	case c.timeout < 0 || c.grace < 0 || c.agentWait < 0 && c.agentWait != -1:
 		return nil, errors.New("--timeout, --grace and --agent-timeout must not be negative")
+	}
+	if err := checkFaults(c.faults); err != nil {
+		return nil, err
 	}
 	if !oneOf(c.transport, "rc", "xrc", "auto") {
 		return nil, fmt.Errorf("--transport %q: rc, xrc or auto", c.transport)

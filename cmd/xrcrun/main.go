@@ -67,12 +67,12 @@ func main() {
 		stdout, stderr = &pipeWriter{w: os.Stdout, broken: broken}, &pipeWriter{w: os.Stderr, broken: broken}
 	}
 	err := run(ctx, os.Args[1:], stdout, stderr)
-	if err == nil {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		// -h and --help printed the usage they were asked for: not a
+		// failure (exit status 0, as for Go's flag package and mpirun).
 		return
 	}
-	if !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "xrcrun:", err)
-	}
+	fmt.Fprintln(os.Stderr, "xrcrun:", err)
 	var st interface{ ExitStatus() int }
 	if errors.As(err, &st) {
 		os.Exit(st.ExitStatus())

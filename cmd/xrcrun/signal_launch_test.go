@@ -126,7 +126,7 @@ func TestParseDurations(t *testing.T) {
 			t.Errorf("%q under Slurm: agent timeout %v, want %v", args, got, want)
 		}
 	}
-	for _, args := range [][]string{{"--timeout", "10x", "p"}, {"--timeout", "-5", "p"}, {"--grace", "NaN", "p"}, {"--nosuch", "p"}} {
+	for _, args := range [][]string{{"--timeout", "10x", "p"}, {"--timeout", "-5", "p"}, {"--grace", "NaN", "p"}, {"--nosuch", "p"}, {"--loss", "1.5", "p"}, {"--dup", "-0.1", "p"}, {"--reorder", "NaN", "p"}} {
 		var stderr bytes.Buffer
 		_, err := parseLaunch(args, &stderr)
 		if err == nil || strings.Contains(err.Error(), "\n") || stderr.Len() > 0 {
