@@ -232,8 +232,10 @@ func (a *agent) relay(r, stream int, pr io.Reader, sending *atomic.Int32) {
 // reports a command it cannot run: exit status 127 if the program is not
 // there, 126 if it is but cannot be executed (no permission, not an
 // executable).
+// The launcher prints the failure in its report of failed ranks, so the
+// agent's own log has it at Info only (shown with -v), not a second time.
 func (a *agent) reportStartFailure(r int, err error) {
-	a.log.Error("start rank", "rank", r, "err", err)
+	a.log.Info("start rank", "rank", r, "err", err)
 	a.conn.send(message{T: msgExit, Rank: r, Code: startFailureCode(err), Err: "start: " + err.Error(), Time: time.Now().UnixNano()})
 }
 
