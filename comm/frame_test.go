@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+
+	"github.com/xrcrun/xrc/transport"
 )
 
 func FuzzParseFrame(f *testing.F) {
@@ -36,8 +38,29 @@ func FuzzParseFrame(f *testing.F) {
 		if !bytes.Equal(out[4:], b[4:hdrLen]) || out[0] != b[0] {
 			t.Fatalf("header % x re-encodes as % x", b[:hdrLen], out)
 		}
-		if h.kind == kindEager && uint64(len(body)) != h.length {
-			t.Fatal("eager length")
+		if !bytes.Equal(body, b[hdrLen:]) || h.src < 0 || h.tag < 0 {
+			t.Fatalf("header %+v, body of %d bytes from a frame of %d", h, len(body), len(b))
+		}
+		// What the receiver relies on, by kind.
+		switch h.kind {
+		case kindEager:
+			if uint64(len(body)) != h.length {
+				t.Fatal("eager length")
+			}
+		case kindRTS:
+			if len(body) == 0 || len(body) > transport.MaxRemote {
+				t.Fatalf("RTS with a Remote of %d bytes", len(body))
+			}
+		case kindFIN, kindPush:
+			if len(body) != 0 {
+				t.Fatalf("kind %d with a body of %d bytes", h.kind, len(body))
+			}
+		case kindData:
+			if len(body) == 0 {
+				t.Fatal("empty data frame")
+			}
+		default:
+			t.Fatalf("kind %d accepted", h.kind)
 		}
 	})
 }

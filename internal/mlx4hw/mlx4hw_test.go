@@ -3,6 +3,7 @@ package mlx4hw
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 	"testing"
 )
 
@@ -144,6 +145,13 @@ func FuzzDecodeRecvSG(f *testing.F) {
 			if s.LKey == InvalidLKey || s.ByteCount&InlineFlag != 0 {
 				t.Fatalf("segment %+v", s)
 			}
+		}
+		// What was decoded, written back as a receive WQE's scatter
+		// list, decodes to the same segments.
+		out := make([]byte, (len(sg)+1)*DataSegSize)
+		PutRecvSG(out, sg, maxGS)
+		if again := DecodeRecvSG(out, maxGS, nil); !slices.Equal(again, sg) {
+			t.Fatalf("%+v written back decodes as %+v", sg, again)
 		}
 	})
 }

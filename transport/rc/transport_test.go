@@ -300,20 +300,31 @@ func TestRecords(t *testing.T) {
 // FuzzRecord: parsing never panics, and what parses encodes back the same.
 func FuzzRecord(f *testing.F) {
 	f.Add((&record{mtu: verbs.MTU1024, qpns: []uint32{0, 0x48}, psns: []uint32{0, 5}}).encode(), 2)
+	f.Add([]byte(verbsx.Remote{Rank: 1, Addr: 0x1000, RKey: 7, Len: 64}.Encode(remoteMagic)), 2)
+	f.Add(hello{kind: kindHello, rank: 1, qpn: 0x48, psn: 5}.encode(), 2)
 	f.Add([]byte{1, 3, 0, 0, 1, 0, 0, 0}, 1)
 	f.Fuzz(func(t *testing.T, b []byte, n int) {
 		if n < 0 || n > 1000 {
 			return
 		}
-		r, err := parseRecord(b, n)
-		if err != nil {
-			return
+		// The record, the Remote and the lazy connection message: each
+		// either fails to parse or encodes back to the same bytes (but
+		// the record's two reserved bytes).
+		if r, err := parseRecord(b, n); err == nil {
+			if out := r.encode(); !bytes.Equal(out[4:], b[4:]) || out[0] != b[0] || out[1] != b[1] {
+				t.Fatalf("round trip of %x", b)
+			}
 		}
-		if !bytes.Equal(r.encode()[4:], b[4:]) || r.encode()[0] != b[0] || r.encode()[1] != b[1] {
-			t.Fatalf("round trip of %x", b)
+		if rm, ok := verbsx.ParseRemote(b, remoteMagic); ok {
+			if out := rm.Encode(remoteMagic); !bytes.Equal(out, b) || rm.Addr+rm.Len < rm.Addr {
+				t.Fatalf("Remote %x parsed as %+v, encodes as %x", b, rm, out)
+			}
 		}
-		_, _ = verbsx.ParseRemote(b, remoteMagic)
-		_, _ = parseHello(b, n)
+		if h, err := parseHello(b, n); err == nil {
+			if out := h.encode(); !bytes.Equal(out, b) || h.rank < 0 || h.rank >= n || h.qpn == 0 || h.qpn >= 1<<24 {
+				t.Fatalf("connection message %x parsed as %+v, encodes as %x", b, h, out)
+			}
+		}
 	})
 }
 
