@@ -39,10 +39,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	test := fs.String("test", "latency", "the test: latency (ping-pong, as osu_latency) or bw (streaming, as osu_bw)")
 	sizes := fs.String("m", "", "message sizes `[MIN:]MAX` in bytes (default 0:4194304 for latency, 1:4194304 for bw)")
-	iters := fs.Int("i", 0, "timed iterations up to 8 KiB (default 10000 for latency, 100 for bw)")
-	warmup := fs.Int("x", -1, "warm-up iterations up to 8 KiB (default 100 for latency, 10 for bw)")
-	itersLarge := fs.Int("il", 0, "timed iterations above 8 KiB (default 1000 for latency, 20 for bw)")
-	warmupLarge := fs.Int("xl", -1, "warm-up iterations above 8 KiB (default 10 for latency, 2 for bw)")
+	iters := fs.Int("i", 0, "`N` timed iterations up to 8 KiB (default 10000 for latency, 100 for bw)")
+	var warmup, warmupLarge count
+	fs.Var(&warmup, "x", "`N` warm-up iterations up to 8 KiB (default 100 for latency, 10 for bw)")
+	itersLarge := fs.Int("il", 0, "`N` timed iterations above 8 KiB (default 1000 for latency, 20 for bw)")
+	fs.Var(&warmupLarge, "xl", "`N` warm-up iterations above 8 KiB (default 10 for latency, 2 for bw)")
 	window := fs.Int("W", 64, "sends in flight in the bandwidth test")
 	asJSON := fs.Bool("json", false, "print the results as JSON instead of the table")
 	goBench := fs.Bool("gobench", false, "print Go benchmark format lines after the table")
@@ -69,9 +70,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	set(&cfg.Iters, *iters, 0)
-	set(&cfg.Warmup, *warmup, -1)
+	warmup.setIn(&cfg.Warmup)
 	set(&cfg.ItersLarge, *itersLarge, 0)
-	set(&cfg.WarmupLarge, *warmupLarge, -1)
+	warmupLarge.setIn(&cfg.WarmupLarge)
 	cfg.Window = *window
 
 	w, err := comm.Init(ctx, comm.Config{})
@@ -163,4 +164,35 @@ func parseSizes(s string, defMin int) (lo, hi int, err error) {
 		return 0, 0, fmt.Errorf("-m %q: sizes %d to %d", s, lo, hi)
 	}
 	return lo, hi, nil
+}
+
+// count is a flag for a count that may be 0, whose default depends on
+// the test. Unset, it prints as "" so that -h gives only the default its
+// usage names (an int flag with -1 for unset added "(default -1)").
+type count struct {
+	n   int
+	set bool
+}
+
+func (c *count) String() string {
+	if c == nil || !c.set {
+		return ""
+	}
+	return strconv.Itoa(c.n)
+}
+
+func (c *count) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return errors.New("not a count (an integer, 0 or more)")
+	}
+	c.n, c.set = n, true
+	return nil
+}
+
+// setIn stores the count in dst if the flag was given.
+func (c *count) setIn(dst *int) {
+	if c.set {
+		*dst = c.n
+	}
 }

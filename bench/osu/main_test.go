@@ -40,3 +40,39 @@ func TestRunAlone(t *testing.T) {
 		t.Fatal("-m 8:4: no error")
 	}
 }
+
+// -h gave -x and -xl their defaults twice, the second a wrong one: "(default
+// 100 for latency, 10 for bw) (default -1)", -1 being the mark of unset.
+func TestHelpDefaults(t *testing.T) {
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), []string{"-h"}, &out, &errb); err == nil {
+		t.Fatal("-h: no error")
+	}
+	help := errb.String()
+	for _, line := range strings.Split(help, "\n") {
+		if strings.Count(line, "(default") > 1 || strings.Contains(line, "-1") {
+			t.Errorf("help line %q", line)
+		}
+	}
+	for _, want := range []string{"(default 100 for latency, 10 for bw)", "(default 10 for latency, 2 for bw)"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("help lacks %q:\n%s", want, help)
+		}
+	}
+}
+
+// -x 0 and -xl 0 (no warm-up) are taken; a negative count is refused,
+// where -1 meant the default.
+func TestWarmupFlags(t *testing.T) {
+	t.Setenv("XRC_BOOTSTRAP", "")
+	t.Setenv("XRC_RUNTIME_DIR", t.TempDir())
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), []string{"-x", "0", "-xl", "0"}, &out, &errb); err == nil || !strings.Contains(err.Error(), "exactly 2 ranks") {
+		t.Errorf("-x 0 -xl 0: %v", err)
+	}
+	for _, f := range []string{"-x", "-xl"} {
+		if err := run(context.Background(), []string{f, "-1"}, &out, &errb); err == nil || strings.Contains(err.Error(), "exactly 2 ranks") {
+			t.Errorf("%s -1: %v", f, err)
+		}
+	}
+}
