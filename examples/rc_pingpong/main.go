@@ -6,8 +6,8 @@
 //
 // The two sides exchange their LID, QPN, PSN and GID over TCP in
 // ibv_rc_pingpong's format, so either side can also be the C tool. With
-// -self, both sides run in this process on two software HCAs of their own,
-// which needs no device at all.
+// -self, both sides run in this process: on two software HCAs of their
+// own, which needs no device at all, or with -d on that device.
 package main
 
 import (
@@ -83,7 +83,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	both("g", "gid-idx", -1, &o.gidIdx, "local port gid `index` (on Ethernet ports, 0 when not given)")
 	fs.BoolVar(&o.validate, "c", false, "validate received buffer")
 	fs.BoolVar(&o.validate, "chk", false, "same as -c")
-	fs.BoolVar(&o.self, "self", false, "run the server and a client in this process, each on a software HCA of its own")
+	fs.BoolVar(&o.self, "self", false, "run the server and a client in this process, each on a software HCA of its own (with -d: both on that device)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage:\n  rc_pingpong            start a server and wait for connection\n  rc_pingpong <host>     connect to server at <host>\n\nOptions:\n")
 		fs.PrintDefaults()
@@ -135,7 +135,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // runSelf runs both sides in this process, each on its own in-process
-// software HCA, and prints the server's output, then the client's.
+// software HCA or, with -d, both on that device (a context each, as two
+// ibv_rc_pingpong processes on one host), and prints the server's output,
+// then the client's. An unknown -d fails as it does without -self.
 func runSelf(ctx context.Context, o *options, stdout io.Writer) error {
 	fabric := softhca.NewFabric()
 	var outs [2]bytes.Buffer
@@ -146,19 +148,31 @@ func runSelf(ctx context.Context, o *options, stdout io.Writer) error {
 	}
 	o.port = ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
-	var wg sync.WaitGroup
+	// Both sides open their device before either starts: a server
+	// whose client never comes would wait for ever.
+	var ctxs [2]*verbs.Context
 	for i := range 2 {
-		d, err := softhca.New(ctx, softhca.Config{Name: fmt.Sprintf("self%d", i),
-			Addr: netip.AddrFrom4([4]byte{127, 0, 1, byte(250 + i)}), Fabric: fabric})
-		if err != nil {
-			return err
-		}
-		defer d.Close()
-		c, err := d.Open(verbs.Config{})
-		if err != nil {
-			return err
+		var c *verbs.Context
+		if o.dev != "" {
+			if c, err = verbs.Open(ctx, o.dev, verbs.Config{}); err != nil {
+				return err
+			}
+		} else {
+			d, err := softhca.New(ctx, softhca.Config{Name: fmt.Sprintf("self%d", i),
+				Addr: netip.AddrFrom4([4]byte{127, 0, 1, byte(250 + i)}), Fabric: fabric})
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			if c, err = d.Open(verbs.Config{}); err != nil {
+				return err
+			}
 		}
 		defer c.Close()
+		ctxs[i] = c
+	}
+	var wg sync.WaitGroup
+	for i, c := range ctxs {
 		side := *o
 		if i == 1 {
 			side.server = "127.0.0.1"

@@ -134,6 +134,32 @@ func TestSelf(t *testing.T) {
 	}
 }
 
+// -self -d DEV runs both sides on DEV, as ibv_rc_pingpong -d DEV does as
+// server and client on one host; -d was ignored, so -d nosuchdev
+// succeeded on the in-process HCAs. An unknown device is an error.
+func TestSelfDevice(t *testing.T) {
+	dir := t.TempDir()
+	a := hcatest.Start(t, dir)
+	t.Setenv(softhca.RuntimeDirEnv, dir)
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), []string{"-self", "-d", a.Name, "-n", "100", "-s", "64"}, &out, &errb); err != nil {
+		t.Fatalf("-self -d %s: %v\n%s%s", a.Name, err, out.String(), errb.String())
+	}
+	gid := regexp.QuoteMeta("::ffff:" + a.Addr.String())
+	for _, re := range append([]string{`(?m)^  local address:  LID 0x0000, QPN 0x[0-9a-f]{6}, PSN 0x[0-9a-f]{6}, GID ` + gid + `$`}, summary...) {
+		if n := len(regexp.MustCompile(re).FindAllString(out.String(), -1)); n != 2 {
+			t.Fatalf("%d lines match %s in\n%s", n, re, out.String())
+		}
+	}
+	out.Reset()
+	for _, d := range []string{"-d", "--ib-dev"} {
+		err := run(context.Background(), []string{"-self", d, "nosuchdev", "-n", "10"}, &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), "nosuchdev") {
+			t.Errorf("-self %s nosuchdev: %v\n%s", d, err, out.String())
+		}
+	}
+}
+
 func TestFlags(t *testing.T) {
 	for _, args := range [][]string{{"-m", "1000"}, {"-n", "0"}, {"-p", "70000"}, {"-i", "256"}, {"-l", "16"},
 		{"-g", "1"}, {"-g", "300"}, {"a", "b"}, {"-x"}} {
