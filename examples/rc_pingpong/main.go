@@ -94,6 +94,10 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	switch fs.NArg() {
 	case 0:
 	case 1:
+		if o.self {
+			// -self is both sides: a host would make its server a client.
+			return nil, fmt.Errorf("rc_pingpong: -self runs server and client here: no host (%q)", fs.Arg(0))
+		}
 		o.server = fs.Arg(0)
 	default:
 		fs.Usage()

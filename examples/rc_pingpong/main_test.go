@@ -162,7 +162,7 @@ func TestSelfDevice(t *testing.T) {
 
 func TestFlags(t *testing.T) {
 	for _, args := range [][]string{{"-m", "1000"}, {"-n", "0"}, {"-p", "70000"}, {"-i", "256"}, {"-l", "16"},
-		{"-g", "1"}, {"-g", "300"}, {"a", "b"}, {"-x"}} {
+		{"-g", "1"}, {"-g", "300"}, {"a", "b"}, {"-x"}, {"-self", "host"}} {
 		if _, err := parse(args, &bytes.Buffer{}); err == nil {
 			t.Errorf("%v: no error", args)
 		}
