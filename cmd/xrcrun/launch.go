@@ -251,11 +251,7 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	n := c.n
-	if n == 0 {
-		n = defaultRanks(nodes, c.ppn)
-	}
-	p, err := place(n, nodes, c.ppn, c.byNode)
+	p, err := layout(c.n, nodes, c.ppn, c.byNode)
 	if err != nil {
 		return err
 	}
@@ -312,6 +308,26 @@ func (c *launchConfig) where(getenv func(string) string) (launchMode, []node, er
 		}
 	}
 	return modeLocal, make([]node, 1), nil
+}
+
+// layout places the job's n ranks on nodes. Without -n (n 0) the job is
+// defaultRanks, and a node without slots holds the one rank it was
+// counted for: else --map-by node, which never finds such a node full,
+// dealt it ranks meant for the nodes with slots (-H a,b:3 put ranks 0
+// and 2 on a). With -n, a node without slots takes any number.
+func layout(n int, nodes []node, ppn int, byNode bool) (placement, error) {
+	if n == 0 {
+		n = defaultRanks(nodes, ppn)
+		counted := make([]node, len(nodes))
+		for i, nd := range nodes {
+			if nd.Slots == 0 {
+				nd.Slots = 1
+			}
+			counted[i] = nd
+		}
+		nodes = counted
+	}
+	return place(n, nodes, ppn, byNode)
 }
 
 // defaultRanks is the job size without -n (and, in a Slurm allocation,

@@ -77,10 +77,35 @@ func TestDefaultRanks(t *testing.T) {
 		{"slots, ppn", []node{{Host: "a", Slots: 4}, {Host: "b", Slots: 4}}, 2, []int{0, 0, 1, 1}},
 		{"a host without slots", []node{{Host: "a", Slots: 2}, {Host: "b"}, {Host: "c", Slots: 1}}, 0, []int{0, 0, 1, 2}},
 	} {
-		n := defaultRanks(c.nodes, c.ppn)
-		p, err := place(n, c.nodes, c.ppn, false)
+		p, err := layout(0, c.nodes, c.ppn, false)
 		if err != nil || !reflect.DeepEqual(p.Node, c.want) {
-			t.Errorf("%s: %d ranks placed on %v, %v; want %v", c.name, n, p.Node, err, c.want)
+			t.Errorf("%s: ranks placed on %v, %v; want %v", c.name, p.Node, err, c.want)
+		}
+	}
+}
+
+// --map-by node without -n: a host given without slots was counted as
+// one rank but taken as unlimited, so it got two of the four ranks of
+// -H a,b:3 and b only two of its three. It holds the one rank it was
+// counted for; with -n it still takes any number.
+func TestDefaultRanksByNode(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		n     int
+		nodes []node
+		ppn   int
+		want  []int // node of each rank
+	}{
+		{"a host without slots", 0, []node{{Host: "a"}, {Host: "b", Slots: 3}}, 0, []int{0, 1, 1, 1}},
+		{"hosts without slots", 0, []node{{Host: "a"}, {Host: "b", Slots: 2}, {Host: "c"}}, 0, []int{0, 1, 2, 1}},
+		{"emulated", 0, make([]node, 3), 0, []int{0, 1, 2}},
+		{"ppn", 0, []node{{Host: "a"}, {Host: "b", Slots: 3}}, 2, []int{0, 1, 0, 1}},
+		{"-n given", 4, []node{{Host: "a"}, {Host: "b", Slots: 3}}, 0, []int{0, 1, 0, 1}},
+		{"-n given, more", 10, []node{{Host: "a"}, {Host: "b", Slots: 3}}, 0, []int{0, 1, 0, 1, 0, 1, 0, 0, 0, 0}},
+	} {
+		p, err := layout(c.n, c.nodes, c.ppn, true)
+		if err != nil || !reflect.DeepEqual(p.Node, c.want) {
+			t.Errorf("%s: ranks placed on %v, %v; want %v", c.name, p.Node, err, c.want)
 		}
 	}
 }

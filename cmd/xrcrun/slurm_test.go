@@ -77,11 +77,8 @@ func TestSlurmDefaultRanks(t *testing.T) {
 		if err != nil || mode != modeSlurm {
 			t.Fatalf("ppn %d: mode %v, %v", c.ppn, mode, err)
 		}
-		n := cfg.n
-		if n == 0 {
-			n = defaultRanks(nodes, cfg.ppn)
-		}
-		if _, err := place(n, nodes, cfg.ppn, false); err != nil || n != c.want {
+		p, err := layout(cfg.n, nodes, cfg.ppn, false)
+		if n := len(p.Node); err != nil || n != c.want {
 			t.Errorf("ppn %d: %d ranks (%v), want %d", c.ppn, n, err, c.want)
 		}
 	}
