@@ -6,8 +6,11 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // FuzzDecode feeds a stream of frames to the decoder. Every frame either
@@ -108,10 +111,54 @@ func rankBytes(rank, size uint32, more ...message) []byte {
 	return b
 }
 
+// eofReader notes whether its reader returned io.EOF: whether the server
+// read the connection to its end, rather than stopping before.
+type eofReader struct {
+	r   io.Reader
+	eof bool
+}
+
+func (e *eofReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err == io.EOF {
+		e.eof = true
+	}
+	return n, err
+}
+
+// rejections are the counters of what the server refuses from a
+// connection: a failed proof, a bad message (any reason), a refused
+// registration, a request past a bound.
+var rejections = []string{
+	"xrc_bootstrap_server_auth_failures_total",
+	"xrc_bootstrap_server_bad_messages_total",
+	"xrc_bootstrap_server_rejected_total",
+	"xrc_bootstrap_server_refused_requests_total",
+}
+
+// rejected sums the rejection counters of reg, over all their labels.
+func rejected(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if slices.Contains(rejections, mf.GetName()) {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
 // FuzzServerConn feeds the fuzzer's bytes to a job of one rank as that
 // rank's connection: the handshake, the registration and the requests.
-// The server must neither panic nor hang, and must count or log what it
-// rejects.
+// The server must neither panic nor hang, and must count what it rejects:
+// a connection it stops reading before its end (the peer sent no EOF) was
+// refused, and one of the rejection counters must say so.
 func FuzzServerConn(f *testing.F) {
 	f.Add(rankBytes(0, 1))
 	f.Add(rankBytes(0, 1, &msgGather{Seq: 0, Kind: kindAllGather, Rec: []byte("r")}, &msgGather{Seq: 1, Kind: kindBarrier},
@@ -125,13 +172,18 @@ func FuzzServerConn(f *testing.F) {
 	f.Add(appendFrame(nil, &msgHello{Magic: [4]byte{'X', 'R', 'C', 'B'}, Version: 2}))
 	f.Add([]byte{byte(tHello), 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		s := newServer(ServerConfig{Size: 1, Key: testKey}, nil)
+		reg := prometheus.NewRegistry()
+		s := newServer(ServerConfig{Size: 1, Key: testKey, Registerer: reg}, nil)
 		s.rand = repeatReader(fuzzServerNonce)
-		c := newSconn(fuzzConn{bytes.NewReader(data)}, s.m)
+		in := &eofReader{r: bytes.NewReader(data)}
+		c := newSconn(fuzzConn{in}, s.m)
 		s.conns[c] = struct{}{}
 		s.handshakes++
 		s.wg.Add(1)
 		s.serveConn(c)
+		if !in.eof && rejected(t, reg) == 0 {
+			t.Fatalf("the server stopped reading %d bytes before their end, counting no rejection", len(data))
+		}
 		if s.Joined() == 1 {
 			select {
 			case <-s.finished:
