@@ -128,6 +128,58 @@ func FuzzDecodeSendWQE(f *testing.F) {
 		if len(w.Inline) > w.Size16*16 || len(w.SG) > w.Size16 {
 			t.Fatalf("decoded more than the descriptor holds: %d inline bytes, %d segments", len(w.Inline), len(w.SG))
 		}
+		// What was decoded, written back with the segment writers,
+		// decodes to the same WQE. The writing is canonical: the data
+		// segments, then the inline data in one segment, then empty
+		// segments to the descriptor's size; it fits, as one inline
+		// segment takes no more room than several. A data segment of
+		// length 0 is written as an empty one (PutDataSeg; the device
+		// skips both), so it is not decoded again.
+		out := make([]byte, w.Size16*16)
+		PutCtrl(out, w.Size16, w.Fence, w.RemoteSRQN<<8|uint32(w.Flags), w.Imm)
+		off := CtrlSegSize
+		if HasRaddr(w.Opcode) {
+			PutRaddrSeg(out[off:], w.RemoteAddr, w.RKey)
+			off += RaddrSegSize
+		}
+		if HasAtomic(w.Opcode) {
+			PutAtomicSeg(out[off:], w.SwapAdd, w.Compare)
+			off += AtomicSegSize
+		}
+		var sg []DataSeg
+		for _, d := range w.SG {
+			PutDataSeg(out[off:], d.ByteCount, d.LKey, d.Addr)
+			off += DataSegSize
+			if d.ByteCount != 0 {
+				sg = append(sg, d)
+			}
+		}
+		if w.HasInline {
+			if off+InlineHdrSize+len(w.Inline) > len(out) {
+				t.Fatalf("%d inline bytes do not fit back in the descriptor", len(w.Inline))
+			}
+			binary.BigEndian.PutUint32(out[off:], InlineFlag|uint32(len(w.Inline)))
+			copy(out[off+InlineHdrSize:], w.Inline)
+			off = (off + InlineHdrSize + len(w.Inline) + 15) &^ 15
+		}
+		for ; off < len(out); off += DataSegSize {
+			PutDataSeg(out[off:], 0, 0, 0)
+		}
+		oo := uint32(w.Opcode)
+		if w.Owner {
+			oo |= OwnerBit
+		}
+		StoreBE32(out, oo)
+		var w2 SendWQE
+		if err := DecodeSendWQE(out, &w2); err != nil {
+			t.Fatalf("%+v written back does not decode: %v", w, err)
+		}
+		if w2.Owner != w.Owner || w2.Opcode != w.Opcode || w2.Size16 != w.Size16 || w2.Fence != w.Fence ||
+			w2.Flags != w.Flags || w2.RemoteSRQN != w.RemoteSRQN || w2.Imm != w.Imm ||
+			w2.RemoteAddr != w.RemoteAddr || w2.RKey != w.RKey || w2.SwapAdd != w.SwapAdd || w2.Compare != w.Compare ||
+			!slices.Equal(w2.SG, sg) || !bytes.Equal(w2.Inline, w.Inline) || w2.HasInline != w.HasInline {
+			t.Fatalf("%+v written back decodes as %+v", w, w2)
+		}
 	})
 }
 
