@@ -220,5 +220,35 @@ func FuzzFillWC(f *testing.F) {
 		if wc.QPNum != e.MyQPN {
 			t.Fatal("qp number")
 		}
+		// The CQE written back (CQE.Put) decodes to the same CQE and
+		// completion: fillWC reads only what the entry holds.
+		out := make([]byte, mlx4hw.CQESize)
+		e.Put(out)
+		e2, err := mlx4hw.DecodeCQE(out)
+		if err != nil || e2 != e {
+			t.Fatalf("%+v written back decodes as %+v, %v", e, e2, err)
+		}
+		var wc2 verbs.WorkCompletion
+		fillWC(&e2, &wc2)
+		if wc2 != wc {
+			t.Fatalf("%+v written back completes as %+v, not %+v", e, wc2, wc)
+		}
+		// What the completion carries is the entry's.
+		switch {
+		case e.IsError():
+			if wc.VendorErr != uint32(e.VendorErr) || wc.Status == verbs.WCSuccess {
+				t.Fatalf("error %+v completes as %+v", e, wc)
+			}
+		case e.IsSend:
+			if wc.Flags&^verbs.WCWithImm != 0 || wc.Imm != 0 || wc.Opcode == verbs.WCRDMARead && wc.ByteLen != e.ByteCnt {
+				t.Fatalf("send %+v completes as %+v", e, wc)
+			}
+		default:
+			if wc.ByteLen != e.ByteCnt || wc.SLID != e.RLID || wc.SrcQP != e.GMLPath&0xffffff ||
+				wc.DLIDPathBits != uint8(e.GMLPath>>24)&0x7f || (wc.Flags&verbs.WCWithGRH != 0) != (e.GMLPath>>31 != 0) ||
+				wc.SL != uint8(e.SLVID>>13) || wc.Flags&verbs.WCWithImm != 0 && wc.Imm != e.Immed {
+				t.Fatalf("receive %+v completes as %+v", e, wc)
+			}
+		}
 	})
 }
