@@ -28,7 +28,8 @@ import (
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr)
+	if err != nil && !errors.Is(err, flag.ErrHelp) { // -h printed the usage asked for
 		fmt.Fprintln(os.Stderr, "osu:", err)
 		os.Exit(1)
 	}
