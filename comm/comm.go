@@ -19,6 +19,41 @@
 // between nodes it is RC (transport/rc) or XRC (transport/xrc) on the
 // rank's verbs device (Config.OpenDevice, XRC_DEVICE), its QPs connected
 // at Init or at the first message (XRC_CONNECT).
+//
+// # Buffers, blocking and contexts
+//
+// A blocking call (Send, Recv, the collectives) returns once its buffers
+// are the caller's again. A non-blocking one (Isend, Irecv, Ibarrier,
+// Iallreduce, …) returns a Request that owns its buffers until Wait,
+// Test, Waitall, Waitany or Testall reports it complete. A Wait whose
+// context ends first returns the context's error and leaves the request
+// running: its buffers are still the request's, and it can be waited for
+// again (a receive that no message has matched can be taken back with
+// Cancel). The context of a non-blocking collective, unlike a Wait's,
+// bounds the collective itself: if it ends (a deferred cancel of the
+// function that started it, say), the collective fails.
+//
+// # Errors
+//
+// Bad arguments (a rank or root out of range, a negative tag, sizes that
+// do not match) are returned as errors, by the point-to-point calls
+// before they start. The errors of a call wrap what caused them, so
+// that errors.Is matches ErrTruncate, ErrCanceled, ErrFreed, ErrFinalized
+// and the context's errors, and errors.As a *bootstrap.AbortError once
+// the job has been aborted.
+//
+// # Collectives
+//
+// Every rank of a communicator calls each collective, in the same order
+// as the others and with matching sizes and roots, as MPI asks; the
+// blocking and non-blocking calls pair up in the order each rank makes
+// them. Their messages never match a point-to-point receive. A rank that
+// finds a size that does not match returns an error; the ranks that wait
+// for it wait until their context ends. Goroutines that run collectives
+// at the same time need communicators of their own (Dup). send and recv
+// must not overlap, unless a function says so. After a collective fails,
+// its buffers may still be read and written by the transports, and the
+// job is best ended (Abort).
 package comm
 
 import (
@@ -86,7 +121,10 @@ type Config struct {
 
 // Comm is a communicator: a group of ranks and a context of its own, so
 // that its messages never match another communicator's. Its methods are
-// safe for concurrent use.
+// safe for concurrent use; but collectives that goroutines of a rank call
+// on one communicator at once pair up with the other ranks' in the order
+// each rank happens to make them, so such goroutines need communicators
+// of their own (Dup).
 type Comm struct {
 	e     *engine
 	ctx   uint32 // context id; collBit set for the internal collectives
