@@ -667,8 +667,10 @@ func (c *Comm) Dup(ctx context.Context) (*Comm, error) {
 const Undefined = -1
 
 // Split partitions c: the ranks that pass the same color form a new
-// communicator, ranked by key and then by their rank in c. A rank that
-// passes Undefined gets nil. Every rank of c calls it.
+// communicator, ranked by key and then by their rank in c. A color is
+// non-negative, or Undefined: a rank that passes Undefined gets nil (and
+// one that passes another negative color nil and an error). Every rank of
+// c calls it.
 func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	var bad error
 	if color < Undefined {
