@@ -83,7 +83,8 @@ import (
 // launcher's environment.
 type Config struct {
 	// Bootstrap and Env are the rank's rendezvous client and what its
-	// launcher said; nil means bootstrap.FromEnv. Finalize closes the
+	// launcher said, given together; a nil Bootstrap means
+	// bootstrap.FromEnv, and Env is then ignored. Finalize closes the
 	// client.
 	Bootstrap *bootstrap.Client
 	Env       *bootstrap.Env
@@ -94,11 +95,13 @@ type Config struct {
 	// default: as much as the transport's frame allows, at most 8 KiB).
 	EagerLimit int
 	// Spin is how long a waiting rank polls before it sleeps
-	// (XRC_SPIN_US; default: see defaultSpin). Negative: never poll.
+	// (XRC_SPIN_US; default: a millisecond while the node's ranks have
+	// a CPU each, else none). Negative: never poll.
 	Spin time.Duration
 	// Yield is how long a rank that does not spin polls before it
 	// sleeps, giving its CPU to the node's other processes between polls
-	// (XRC_YIELD_US; default: see defaultYield). Negative: never.
+	// (XRC_YIELD_US; default: 200 µs in a job on one node whose ranks
+	// do not spin, else none). Negative: never.
 	Yield time.Duration
 	// NoPull moves large messages between ranks of a node through the
 	// shared-memory rings, as when the kernel refuses to let a process
@@ -116,7 +119,8 @@ type Config struct {
 	OpenDevice func(ctx context.Context, env *bootstrap.Env) (*verbs.Context, error)
 	// Registerer, when not nil, gets the transports' counters.
 	Registerer prometheus.Registerer
-	Logger     *slog.Logger
+	// Logger gets the rank's log; nil discards it.
+	Logger *slog.Logger
 }
 
 // Comm is a communicator: a group of ranks and a context of its own, so

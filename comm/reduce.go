@@ -60,7 +60,7 @@ func Min[T Integer | Float](dst, a, b []T) {
 	}
 }
 
-// BitAnd, BitOr and BitXor combine bits.
+// BitAnd ands bits.
 func BitAnd[T Integer](dst, a, b []T) {
 	a, b = a[:len(dst)], b[:len(dst)]
 	for i := range dst {
@@ -68,6 +68,7 @@ func BitAnd[T Integer](dst, a, b []T) {
 	}
 }
 
+// BitOr ors bits.
 func BitOr[T Integer](dst, a, b []T) {
 	a, b = a[:len(dst)], b[:len(dst)]
 	for i := range dst {
@@ -75,6 +76,7 @@ func BitOr[T Integer](dst, a, b []T) {
 	}
 }
 
+// BitXor exclusive-ors bits.
 func BitXor[T Integer](dst, a, b []T) {
 	a, b = a[:len(dst)], b[:len(dst)]
 	for i := range dst {
