@@ -149,3 +149,53 @@ func TestAbortErrorAs(t *testing.T) {
 		c.Finalize(ctx) // fails: the job is gone
 	}
 }
+
+// TestSendContextStillSends: a small Send whose context ends while its
+// message waits for room in the receiver's buffers returns the context's
+// error, but the message, copied, still goes (Send's doc).
+func TestSendContextStillSends(t *testing.T) {
+	comms := world(t, 2, nil)
+	ctx := context.Background()
+	var reqs []*Request
+	for len(reqs) < 1<<16 {
+		r, err := comms[0].Isend(make([]byte, 64), 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, r)
+		if !r.isDone() {
+			break // the receiver's buffers are full: the next frames queue
+		}
+	}
+	if reqs[len(reqs)-1].isDone() {
+		t.Skip("the receiver's buffers never filled")
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := comms[0].Send(cctx, []byte("last"), 1, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Send with a context that ended, its message queued: %v", err)
+	}
+	// Rank 0 progresses (its backlog goes out as rank 1 makes room) while
+	// rank 1 receives.
+	sent := make(chan error, 1)
+	go func() { _, err := Waitall(ctx, reqs...); sent <- err }()
+	buf := make([]byte, 64)
+	for range reqs {
+		if _, err := comms[1].Recv(ctx, buf, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	go comms[0].Barrier(ctx) // progress for the queued "last"
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := comms[1].Recv(tctx, buf, 0, 1)
+	if err != nil || string(buf[:st.Count]) != "last" {
+		t.Fatalf("the message of the Send whose context ended: %q, %v", buf[:st.Count], err)
+	}
+	if err := comms[1].Barrier(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

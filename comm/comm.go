@@ -539,9 +539,11 @@ func (c *Comm) irecv(r *Request, buf []byte, src, tag int) (*Request, error) {
 }
 
 // Send sends buf to rank dst of c with tag and returns when buf may be
-// reused. If ctx ends first, Send returns its error, and a message too
-// large to go eagerly stays offered to the receiver, which may still take
-// it from buf: a send cannot be taken back.
+// reused. If ctx ends first, Send returns its error, but the message
+// still goes: a small one waiting for room in the receiver's buffers was
+// copied, and goes when there is room; a message too large to go eagerly
+// stays offered to the receiver, which may still take it from buf. A
+// send cannot be taken back.
 func (c *Comm) Send(ctx context.Context, buf []byte, dst, tag int) error {
 	r, err := c.isend(pooledRequest(c.e), buf, dst, tag)
 	if err != nil {
