@@ -181,8 +181,8 @@ func (cc *Comm) bcast(ctx context.Context, tag int, buf []byte, root int) error 
 
 // Gather collects the send buffers of all ranks, of equal length, into
 // root's recv, in rank order: rank i's at recv[i*len(send):]. recv is
-// used at root only, and must hold Size()*len(send) bytes; root's send may
-// be its own block of recv.
+// used at root only, and must hold exactly Size()*len(send) bytes; root's
+// send may be its own block of recv.
 func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
 	return c.Gatherv(ctx, send, recv, c.equalCounts(len(send)), nil, root)
 }
@@ -199,14 +199,14 @@ func (c *Comm) equalCounts(n int) []int {
 
 // Scatter sends the blocks of root's send, in rank order, one to each
 // rank's recv: rank i gets send[i*len(recv):]. send is used at root only,
-// and must hold Size()*len(recv) bytes.
+// and must hold exactly Size()*len(recv) bytes.
 func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
 	return c.Scatterv(ctx, send, c.equalCounts(len(recv)), nil, recv, root)
 }
 
 // Allgather gives every rank the send buffers of all ranks, of equal
 // length, in rank order: rank i's at recv[i*len(send):]. recv must hold
-// Size()*len(send) bytes; send may be this rank's block of recv.
+// exactly Size()*len(send) bytes; send may be this rank's block of recv.
 func (c *Comm) Allgather(ctx context.Context, send, recv []byte) error {
 	return c.run(func(cc *Comm, tag int) error { return cc.allgather(ctx, tag, send, recv) })
 }

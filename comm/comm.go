@@ -19,6 +19,41 @@
 // between nodes it is RC (transport/rc) or XRC (transport/xrc) on the
 // rank's verbs device (Config.OpenDevice, XRC_DEVICE), its QPs connected
 // at Init or at the first message (XRC_CONNECT).
+//
+// # Buffers, blocking and contexts
+//
+// A blocking call (Send, Recv, the collectives) returns once its buffers
+// are the caller's again. A non-blocking one (Isend, Irecv, Ibarrier,
+// Iallreduce, …) returns a Request that owns its buffers until Wait,
+// Test, Waitall, Waitany or Testall reports it complete. A Wait whose
+// context ends first returns the context's error and leaves the request
+// running: its buffers are still the request's, and it can be waited for
+// again (a receive that no message has matched can be taken back with
+// Cancel). The context of a non-blocking collective, unlike a Wait's,
+// bounds the collective itself: if it ends (a deferred cancel of the
+// function that started it, say), the collective fails.
+//
+// # Errors
+//
+// Bad arguments (a rank or root out of range, a negative tag, sizes that
+// do not match) are returned as errors, by the point-to-point calls
+// before they start. The errors of a call wrap what caused them, so
+// that errors.Is matches ErrTruncate, ErrCanceled, ErrFreed, ErrFinalized
+// and the context's errors, and errors.As a *bootstrap.AbortError once
+// the job has been aborted.
+//
+// # Collectives
+//
+// Every rank of a communicator calls each collective, in the same order
+// as the others and with matching sizes and roots, as MPI asks; the
+// blocking and non-blocking calls pair up in the order each rank makes
+// them. Their messages never match a point-to-point receive. A rank that
+// finds a size that does not match returns an error; the ranks that wait
+// for it wait until their context ends. Goroutines that run collectives
+// at the same time need communicators of their own (Dup). send and recv
+// must not overlap, unless a function says so. After a collective fails,
+// its buffers may still be read and written by the transports, and the
+// job is best ended (Abort).
 package comm
 
 import (
@@ -48,7 +83,8 @@ import (
 // launcher's environment.
 type Config struct {
 	// Bootstrap and Env are the rank's rendezvous client and what its
-	// launcher said; nil means bootstrap.FromEnv. Finalize closes the
+	// launcher said, given together; a nil Bootstrap means
+	// bootstrap.FromEnv, and Env is then ignored. Finalize closes the
 	// client.
 	Bootstrap *bootstrap.Client
 	Env       *bootstrap.Env
@@ -59,11 +95,13 @@ type Config struct {
 	// default: as much as the transport's frame allows, at most 8 KiB).
 	EagerLimit int
 	// Spin is how long a waiting rank polls before it sleeps
-	// (XRC_SPIN_US; default: see defaultSpin). Negative: never poll.
+	// (XRC_SPIN_US; default: a millisecond while the node's ranks have
+	// a CPU each, else none). Negative: never poll.
 	Spin time.Duration
 	// Yield is how long a rank that does not spin polls before it
 	// sleeps, giving its CPU to the node's other processes between polls
-	// (XRC_YIELD_US; default: see defaultYield). Negative: never.
+	// (XRC_YIELD_US; default: 200 µs in a job on one node whose ranks
+	// do not spin, else none). Negative: never.
 	Yield time.Duration
 	// NoPull moves large messages between ranks of a node through the
 	// shared-memory rings, as when the kernel refuses to let a process
@@ -81,12 +119,16 @@ type Config struct {
 	OpenDevice func(ctx context.Context, env *bootstrap.Env) (*verbs.Context, error)
 	// Registerer, when not nil, gets the transports' counters.
 	Registerer prometheus.Registerer
-	Logger     *slog.Logger
+	// Logger gets the rank's log; nil discards it.
+	Logger *slog.Logger
 }
 
 // Comm is a communicator: a group of ranks and a context of its own, so
 // that its messages never match another communicator's. Its methods are
-// safe for concurrent use.
+// safe for concurrent use; but collectives that goroutines of a rank call
+// on one communicator at once pair up with the other ranks' in the order
+// each rank happens to make them, so such goroutines need communicators
+// of their own (Dup).
 type Comm struct {
 	e     *engine
 	ctx   uint32 // context id; collBit set for the internal collectives
@@ -497,9 +539,11 @@ func (c *Comm) irecv(r *Request, buf []byte, src, tag int) (*Request, error) {
 }
 
 // Send sends buf to rank dst of c with tag and returns when buf may be
-// reused. If ctx ends first, Send returns its error, and a message too
-// large to go eagerly stays offered to the receiver, which may still take
-// it from buf: a send cannot be taken back.
+// reused. If ctx ends first, Send returns its error, but the message
+// still goes: a small one waiting for room in the receiver's buffers was
+// copied, and goes when there is room; a message too large to go eagerly
+// stays offered to the receiver, which may still take it from buf. A
+// send cannot be taken back.
 func (c *Comm) Send(ctx context.Context, buf []byte, dst, tag int) error {
 	r, err := c.isend(pooledRequest(c.e), buf, dst, tag)
 	if err != nil {
@@ -629,8 +673,10 @@ func (c *Comm) Dup(ctx context.Context) (*Comm, error) {
 const Undefined = -1
 
 // Split partitions c: the ranks that pass the same color form a new
-// communicator, ranked by key and then by their rank in c. A rank that
-// passes Undefined gets nil. Every rank of c calls it.
+// communicator, ranked by key and then by their rank in c. A color is
+// non-negative, or Undefined: a rank that passes Undefined gets nil (and
+// one that passes another negative color nil and an error). Every rank of
+// c calls it.
 func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	var bad error
 	if color < Undefined {

@@ -60,7 +60,7 @@ func Min[T Integer | Float](dst, a, b []T) {
 	}
 }
 
-// BitAnd, BitOr and BitXor combine bits.
+// BitAnd ands bits.
 func BitAnd[T Integer](dst, a, b []T) {
 	a, b = a[:len(dst)], b[:len(dst)]
 	for i := range dst {
@@ -68,6 +68,7 @@ func BitAnd[T Integer](dst, a, b []T) {
 	}
 }
 
+// BitOr ors bits.
 func BitOr[T Integer](dst, a, b []T) {
 	a, b = a[:len(dst)], b[:len(dst)]
 	for i := range dst {
@@ -75,6 +76,7 @@ func BitOr[T Integer](dst, a, b []T) {
 	}
 }
 
+// BitXor exclusive-ors bits.
 func BitXor[T Integer](dst, a, b []T) {
 	a, b = a[:len(dst)], b[:len(dst)]
 	for i := range dst {
@@ -126,6 +128,11 @@ func putScratch(b *[]byte) {
 	}
 }
 
+// errNilOp is the error of a reduction given no Op, which would panic,
+// in a worker's goroutine for a non-blocking one, where it ends the
+// program.
+func errNilOp(what string) error { return fmt.Errorf("comm: %s with a nil Op", what) }
+
 // input is the vector a rank gives a reduction: send, or recv when send
 // is nil (the in-place form); an error if they differ in length.
 func input[T Number](what string, send, recv []T) ([]T, error) {
@@ -150,6 +157,9 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T], ro
 
 // reduce is Reduce on the collective communicator, in the call's tag.
 func reduce[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op Op[T], root int) error {
+	if op == nil {
+		return errNilOp("reduce")
+	}
 	if cc.rank == root && send != nil && len(recv) != len(send) {
 		return fmt.Errorf("comm: reduce of %d elements into %d", len(send), len(recv))
 	}
@@ -219,6 +229,9 @@ func ReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, count
 
 // reduceScatter is ReduceScatter on the collective communicator, in the call's tag.
 func reduceScatter[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, counts []int, op Op[T]) error {
+	if op == nil {
+		return errNilOp("reduce_scatter")
+	}
 	in := send
 	if in == nil {
 		in = recv
@@ -294,6 +307,9 @@ func Allreduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T])
 
 // allreduce is Allreduce on the collective communicator, in the call's tag.
 func allreduce[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op Op[T]) error {
+	if op == nil {
+		return errNilOp("allreduce")
+	}
 	send, err := input("allreduce", send, recv)
 	if err != nil {
 		return err
@@ -370,6 +386,9 @@ func Scan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) erro
 
 // scan is Scan on the collective communicator, in the call's tag.
 func scan[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op Op[T]) error {
+	if op == nil {
+		return errNilOp("scan")
+	}
 	send, err := input("scan", send, recv)
 	if err != nil {
 		return err
@@ -387,6 +406,9 @@ func Exscan[T Number](ctx context.Context, c *Comm, send, recv []T, op Op[T]) er
 
 // exscan is Exscan on the collective communicator, in the call's tag.
 func exscan[T Number](ctx context.Context, cc *Comm, tag int, send, recv []T, op Op[T]) error {
+	if op == nil {
+		return errNilOp("exscan")
+	}
 	send, err := input("exscan", send, recv)
 	if err != nil {
 		return err

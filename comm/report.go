@@ -16,14 +16,14 @@ import (
 
 // Report is what one rank holds for its connections to other nodes.
 type Report struct {
-	Rank, Node int
+	Rank, Node int // world rank and node
 	// Transport is what reaches the ranks of other nodes: "rc" or "xrc";
 	// "shm" when the job has one node.
 	Transport string
-	RCQPs     int
+	RCQPs     int // RC QPs
 	INIQPs    int // XRC send QPs: one per remote node, at most
 	TGTQPs    int // XRC receive QPs this rank created; the node's other ranks open them
-	SRQs      int
+	SRQs      int // shared receive queues
 	// QueueBytes is the memory of the QPs', SRQs' and CQs' queues;
 	// RegisteredBytes the memory registered with the device.
 	QueueBytes, RegisteredBytes int64

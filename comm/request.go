@@ -38,9 +38,11 @@ var ErrFreed = errors.New("comm: the communicator was freed")
 // ErrCanceled is the error of a receive taken back by Cancel.
 var ErrCanceled = errors.New("comm: receive canceled")
 
-// Request is a send or receive in progress (Isend, Irecv). Its buffer
-// belongs to the request until it completes: the caller must not touch it
-// before Wait or Test says so.
+// Request is a send, a receive or a collective in progress (Isend, Irecv,
+// Message.Irecv, Ibarrier, Iallreduce, …). Its buffers belong to the
+// request until it completes: the caller must not touch them before Wait
+// or Test says so. A request may be waited for and tested by several
+// goroutines, and again once complete.
 type Request struct {
 	e      *engine
 	pooled bool // made by a blocking call, recycled when it returns
@@ -129,9 +131,12 @@ func (r *Request) doneChan() <-chan struct{} {
 }
 
 // Wait blocks until the request completes or ctx ends, driving the
-// rank's progress meanwhile, and returns its status. A request that
-// completed as ctx ended returns how it completed. A nil request (MPI's
-// MPI_REQUEST_NULL) returns at once with an empty status.
+// rank's progress meanwhile, and returns its status and the error it
+// completed with. If ctx ends first, Wait returns ctx's error and the
+// request goes on, its buffer still its own: Wait again, or Cancel a
+// receive. A request that completed as ctx ended returns how it
+// completed. A nil request (MPI's MPI_REQUEST_NULL) returns at once with
+// an empty status.
 func (r *Request) Wait(ctx context.Context) (Status, error) {
 	if r == nil {
 		return Status{}, nil
@@ -244,7 +249,9 @@ func (r *Request) Test() (bool, Status, error) {
 
 // Waitall waits for every request and returns their statuses, and the
 // errors of those that failed, joined. A nil request is done, with an
-// empty status.
+// empty status. If ctx ends first, Waitall returns its error at once,
+// with the statuses of the requests before the first one not complete;
+// the others go on, as after Wait.
 func Waitall(ctx context.Context, reqs ...*Request) ([]Status, error) {
 	sts := make([]Status, len(reqs))
 	var errs []error
@@ -262,7 +269,10 @@ func Waitall(ctx context.Context, reqs ...*Request) ([]Status, error) {
 // Waitany waits until one of reqs completes and returns its index and
 // status. Requests already reported may be passed again: they are ready.
 // Nil requests are left out (as MPI's MPI_REQUEST_NULL); if all are nil,
-// Waitany returns index -1 (MPI_UNDEFINED) and no error.
+// Waitany returns index -1 (MPI_UNDEFINED) and no error, but if reqs is
+// empty it returns -1 and an error. The error of the request that
+// completed is returned with its index; if ctx ends first, Waitany
+// returns -1 and ctx's error.
 func Waitany(ctx context.Context, reqs ...*Request) (int, Status, error) {
 	if len(reqs) == 0 {
 		return -1, Status{}, errors.New("comm: Waitany of no requests")
@@ -296,7 +306,8 @@ func Waitany(ctx context.Context, reqs ...*Request) (int, Status, error) {
 }
 
 // Testall progresses once and reports whether all reqs are complete. A
-// nil request is.
+// nil request is. It reports neither statuses nor errors: Test or Wait
+// each request for them.
 func Testall(reqs ...*Request) bool {
 	if i := slices.IndexFunc(reqs, func(r *Request) bool { return r != nil }); i >= 0 {
 		reqs[i].e.handOffFor(reqs...)

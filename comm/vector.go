@@ -68,7 +68,7 @@ func checkDisjoint(what string, displs, counts []int) error {
 
 // Gatherv collects the send buffers of all ranks into root's recv, rank
 // i's counts[i] bytes at displs[i] (or after those of the ranks before it,
-// displs nil). counts, displs and recv are used at root only, where send
+// displs nil, the blocks then filling recv exactly). counts, displs and recv are used at root only, where send
 // may be root's own block of recv.
 func (c *Comm) Gatherv(ctx context.Context, send, recv []byte, counts, displs []int, root int) error {
 	if err := c.checkRoot(root); err != nil {
@@ -113,7 +113,8 @@ func (cc *Comm) gatherv(ctx context.Context, tag int, send, recv []byte, counts,
 }
 
 // Scatterv sends rank i the counts[i] bytes of root's send at displs[i]
-// (or after the blocks of the ranks before it, displs nil) into its recv,
+// (or after the blocks of the ranks before it, displs nil, the blocks then
+// filling send exactly) into its recv,
 // which must be as long. send, counts and displs are used at root only,
 // where the blocks may overlap.
 func (c *Comm) Scatterv(ctx context.Context, send []byte, counts, displs []int, recv []byte, root int) error {
@@ -157,7 +158,8 @@ func (cc *Comm) scatterBlocks(ctx context.Context, tag int, bs [][]byte, recv []
 
 // Allgatherv gives every rank the send buffers of all ranks, rank i's
 // counts[i] bytes at displs[i] of recv (or after those of the ranks before
-// it, displs nil). Every rank passes the same counts and displs; send
+// it, displs nil, the blocks then filling recv exactly). Every rank
+// passes the same counts and displs; send
 // holds counts[Rank()] bytes, and may be this rank's block of recv.
 func (c *Comm) Allgatherv(ctx context.Context, send, recv []byte, counts, displs []int) error {
 	return c.run(func(cc *Comm, tag int) error { return cc.allgatherv(ctx, tag, send, recv, counts, displs) })
