@@ -218,6 +218,9 @@ func TestNilRequests(t *testing.T) {
 	if i, _, err := Waitany(ctx, nil, nil); i != -1 || err != nil {
 		t.Errorf("Waitany(nil, nil): %d, %v", i, err)
 	}
+	if i, _, err := Waitany(ctx); i != -1 || err != nil {
+		t.Errorf("Waitany(): %d, %v, want -1 and no error, as for all nil", i, err)
+	}
 	if sts, err := Waitall(ctx, s, nil, r); err != nil || len(sts) != 3 || sts[1] != (Status{}) {
 		t.Errorf("Waitall(s, nil, r): %+v, %v", sts, err)
 	}

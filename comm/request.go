@@ -269,14 +269,11 @@ func Waitall(ctx context.Context, reqs ...*Request) ([]Status, error) {
 // Waitany waits until one of reqs completes and returns its index and
 // status. Requests already reported may be passed again: they are ready.
 // Nil requests are left out (as MPI's MPI_REQUEST_NULL); if all are nil,
-// Waitany returns index -1 (MPI_UNDEFINED) and no error, but if reqs is
-// empty it returns -1 and an error. The error of the request that
+// or reqs is empty, Waitany returns index -1 (MPI_UNDEFINED) and no
+// error, as MPI_Waitany does. The error of the request that
 // completed is returned with its index; if ctx ends first, Waitany
 // returns -1 and ctx's error.
 func Waitany(ctx context.Context, reqs ...*Request) (int, Status, error) {
-	if len(reqs) == 0 {
-		return -1, Status{}, errors.New("comm: Waitany of no requests")
-	}
 	first := slices.IndexFunc(reqs, func(r *Request) bool { return r != nil })
 	if first < 0 {
 		return -1, Status{}, nil
