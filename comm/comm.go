@@ -33,6 +33,17 @@
 // bounds the collective itself: if it ends (a deferred cancel of the
 // function that started it, say), the collective fails.
 //
+// # Progress
+//
+// A rank's messages move while one of its goroutines is in a comm call
+// that waits or tests (Recv, Wait, Test, a collective...), or while a
+// worker runs one of its non-blocking collectives; there is no
+// progress goroutine besides. So a small Isend that found the receiver's
+// buffers full, or a rendezvous whose receiver has pulled the data and
+// waits for the sender's part, goes on only when the sending rank next
+// calls comm, as with most MPI implementations: a rank that computes for
+// long between Isend and Wait should Test now and then.
+//
 // # Errors
 //
 // Bad arguments (a rank or root out of range, a negative tag, sizes that
