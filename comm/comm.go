@@ -39,9 +39,8 @@
 // that waits or tests (Recv, Wait, Test, a collective...), or while a
 // worker runs one of its non-blocking collectives; there is no
 // progress goroutine besides. So a small Isend that found the receiver's
-// buffers full, or a rendezvous whose receiver has pulled the data and
-// waits for the sender's part, goes on only when the sending rank next
-// calls comm, as with most MPI implementations: a rank that computes for
+// buffers full goes out only when the sending rank next calls comm, as
+// with most MPI implementations: a rank that computes for
 // long between Isend and Wait should Test now and then.
 //
 // # Errors
