@@ -49,8 +49,9 @@
 // do not match) are returned as errors, by the point-to-point calls
 // before they start. The errors of a call wrap what caused them, so
 // that errors.Is matches ErrTruncate, ErrCanceled, ErrFreed, ErrFinalized
-// and the context's errors, and errors.As a *bootstrap.AbortError once
-// the job has been aborted.
+// and the context's errors, and errors.As a *TruncateError (which gives
+// a truncated message's length) and a *bootstrap.AbortError once the job
+// has been aborted.
 //
 // # Collectives
 //

@@ -308,7 +308,8 @@ func testOrderAndWildcards(t *testing.T, l layout) {
 }
 
 // TestTruncateProbeSelf: a receive shorter than its message gets its first
-// bytes and ErrTruncate (eager and rendezvous); Probe and Iprobe see a
+// bytes and ErrTruncate, as a *TruncateError with the message's length
+// (eager and rendezvous); Probe and Iprobe see a
 // message without taking it; a rank sends to itself.
 func TestTruncateProbeSelf(t *testing.T) { onLayouts(t, testTruncateProbeSelf) }
 
@@ -335,6 +336,9 @@ func testTruncateProbeSelf(t *testing.T, l layout) {
 			st, err = c.Recv(ctx, b, 1, 9)
 			if !errors.Is(err, ErrTruncate) || st.Count != 10 || !bytes.Equal(b, pattern(n, n)[:10]) {
 				return fmt.Errorf("truncated receive of %d: %+v, %v", n, st, err)
+			}
+			if te := (*TruncateError)(nil); !errors.As(err, &te) || te.Len != n || te.Cap != 10 {
+				return fmt.Errorf("truncated receive of %d: %v: want a *TruncateError of %d bytes into 10", n, err, n)
 			}
 		}
 		// Iprobe eventually sees the last one.

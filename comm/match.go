@@ -80,7 +80,7 @@ func (e *engine) deliverTo(r *Request, m *inMsg, body []byte) {
 		st.Count = copy(r.buf, body)
 		var err error
 		if len(body) > len(r.buf) {
-			err = fmt.Errorf("%w: %d bytes into %d", ErrTruncate, len(body), len(r.buf))
+			err = &TruncateError{Len: len(body), Cap: len(r.buf)}
 		}
 		r.complete(st, err)
 		return
@@ -142,7 +142,7 @@ func (e *engine) finish(r *Request, err error) {
 		err = serr
 	}
 	if err == nil && r.trunc {
-		err = fmt.Errorf("%w: %d bytes into %d", ErrTruncate, r.msgLen, len(r.buf))
+		err = &TruncateError{Len: int(r.msgLen), Cap: len(r.buf)}
 	}
 	r.complete(r.st, err)
 }

@@ -3,6 +3,7 @@ package comm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"runtime"
 	"slices"
@@ -26,8 +27,24 @@ const (
 )
 
 // ErrTruncate reports a message longer than the receive buffer: the
-// buffer holds its first bytes and the status says how many.
+// buffer holds its first bytes and the status says how many. The error a
+// receive returns is a *TruncateError, which also gives the message's
+// length.
 var ErrTruncate = errors.New("comm: message longer than the receive buffer")
+
+// TruncateError is the error of a receive whose message was longer than
+// its buffer; errors.Is(err, ErrTruncate) matches it.
+type TruncateError struct {
+	Len int // the message's length in bytes
+	Cap int // the receive buffer's, which took its first Cap bytes
+}
+
+func (e *TruncateError) Error() string {
+	return fmt.Sprintf("%v: %d bytes into %d", ErrTruncate, e.Len, e.Cap)
+}
+
+// Unwrap returns ErrTruncate.
+func (e *TruncateError) Unwrap() error { return ErrTruncate }
 
 // ErrFinalized is the error of the calls of a rank that has finalized.
 var ErrFinalized = errors.New("comm: the rank has finalized")
