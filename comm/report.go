@@ -72,7 +72,7 @@ type NodeReport struct {
 	RCQPs          int     `json:"rc_qps"`
 	SRQs           int     `json:"srqs"`
 	QueueBytes     int64   `json:"queue_bytes"`
-	RegisteredByte int64   `json:"registered_bytes"`
+	RegisteredBytes int64   `json:"registered_bytes"`
 	ConnectSeconds float64 `json:"connect_seconds"` // the slowest rank of the node
 	Transport      string  `json:"transport"`
 }
@@ -110,7 +110,7 @@ func (c *Comm) NodeReports(ctx context.Context) ([]NodeReport, error) {
 		n.RCQPs += r.RCQPs
 		n.SRQs += r.SRQs
 		n.QueueBytes += r.QueueBytes
-		n.RegisteredByte += r.RegisteredBytes
+		n.RegisteredBytes += r.RegisteredBytes
 		n.ConnectSeconds = max(n.ConnectSeconds, r.Connect.Seconds())
 	}
 	out := make([]NodeReport, 0, len(byNode))
@@ -146,7 +146,7 @@ func PrintReport(w io.Writer, nodes []NodeReport) {
 	for _, n := range nodes {
 		c = max(c, n.Ranks)
 		fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.3f\t\n", n.Node, n.Ranks, n.Transport, n.INIQPs, n.TGTQPs,
-			n.RCQPs, n.SRQs, n.QueueBytes>>10, n.RegisteredByte>>10, n.ConnectSeconds)
+			n.RCQPs, n.SRQs, n.QueueBytes>>10, n.RegisteredBytes>>10, n.ConnectSeconds)
 	}
 	tw.Flush()
 	N := len(nodes)
