@@ -65,16 +65,16 @@ func (c *Comm) Report() Report {
 // NodeReport sums the Reports of a node's ranks, in the form of the
 // connection report's JSON.
 type NodeReport struct {
-	Node           int     `json:"node"`
-	Ranks          int     `json:"ranks"`
-	INIQPs         int     `json:"ini_qps"`
-	TGTQPs         int     `json:"tgt_qps"`
-	RCQPs          int     `json:"rc_qps"`
-	SRQs           int     `json:"srqs"`
-	QueueBytes     int64   `json:"queue_bytes"`
+	Node            int     `json:"node"`
+	Ranks           int     `json:"ranks"`
+	INIQPs          int     `json:"ini_qps"`
+	TGTQPs          int     `json:"tgt_qps"`
+	RCQPs           int     `json:"rc_qps"`
+	SRQs            int     `json:"srqs"`
+	QueueBytes      int64   `json:"queue_bytes"`
 	RegisteredBytes int64   `json:"registered_bytes"`
-	ConnectSeconds float64 `json:"connect_seconds"` // the slowest rank of the node
-	Transport      string  `json:"transport"`
+	ConnectSeconds  float64 `json:"connect_seconds"` // the slowest rank of the node
+	Transport       string  `json:"transport"`
 }
 
 // NodeReports gathers every rank's Report and sums them per node, in node
