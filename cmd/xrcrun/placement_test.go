@@ -128,3 +128,18 @@ func TestUnevenNodesAllUsed(t *testing.T) {
 		}
 	}
 }
+
+// --ppn limits every node, those given without slots too, with -n as
+// without: docs/xrcrun.md said a node without slots takes any number
+// once -n is given, and is never full for --map-by node.
+func TestPPNLimitsNodesWithoutSlots(t *testing.T) {
+	nodes := []node{{Host: "a"}, {Host: "b", Slots: 3}}
+	for _, byNode := range []bool{false, true} {
+		if p, err := layout(10, nodes, 2, byNode); err == nil {
+			t.Errorf("-H a,b:3 -n 10 --ppn 2 (by node %v): placed on %v, want an error", byNode, p.Node)
+		}
+		if p, err := layout(4, nodes, 2, byNode); err != nil || len(p.Ranks[0]) != 2 || len(p.Ranks[1]) != 2 {
+			t.Errorf("-H a,b:3 -n 4 --ppn 2 (by node %v): %v, %v; want 2 ranks a node", byNode, p.Ranks, err)
+		}
+	}
+}
