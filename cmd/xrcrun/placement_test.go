@@ -143,3 +143,14 @@ func TestPPNLimitsNodesWithoutSlots(t *testing.T) {
 		}
 	}
 }
+
+// Block placement gives a node without slots at least one rank, even
+// when the nodes with slots could take them all: -H a,b,c:3 -n 4 puts
+// 1, 1 and 2 (docs/xrcrun.md gave the share as the rest of the ranks,
+// shared, which would put 1, 0 and 3).
+func TestShareAtLeastOne(t *testing.T) {
+	p, err := layout(4, []node{{Host: "a"}, {Host: "b"}, {Host: "c", Slots: 3}}, 0, false)
+	if want := []int{0, 1, 2, 2}; err != nil || !reflect.DeepEqual(p.Node, want) {
+		t.Errorf("-H a,b,c:3 -n 4: %v, %v; want %v", p.Node, err, want)
+	}
+}
