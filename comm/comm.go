@@ -23,7 +23,9 @@
 // # Buffers, blocking and contexts
 //
 // A blocking call (Send, Recv, the collectives) returns once its buffers
-// are the caller's again. A non-blocking one (Isend, Irecv, Ibarrier,
+// are the caller's again, but for a Send whose context ends first (a
+// large message stays offered to its receiver from the buffer: Send)
+// and a collective that fails (below). A non-blocking one (Isend, Irecv, Ibarrier,
 // Iallreduce, …) returns a Request that owns its buffers until Wait,
 // Test, Waitall, Waitany or Testall reports it complete. A Wait whose
 // context ends first returns the context's error and leaves the request

@@ -314,7 +314,8 @@ func (c *launchConfig) where(getenv func(string) string) (launchMode, []node, er
 // defaultRanks, and a node without slots holds the one rank it was
 // counted for: else --map-by node, which never finds such a node full,
 // dealt it ranks meant for the nodes with slots (-H a,b:3 put ranks 0
-// and 2 on a). With -n, a node without slots takes any number.
+// and 2 on a). With -n and without --ppn (which limits every node), a
+// node without slots takes any number.
 func layout(n int, nodes []node, ppn int, byNode bool) (placement, error) {
 	if n == 0 {
 		n = defaultRanks(nodes, ppn)

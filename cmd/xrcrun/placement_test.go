@@ -128,3 +128,29 @@ func TestUnevenNodesAllUsed(t *testing.T) {
 		}
 	}
 }
+
+// --ppn limits every node, those given without slots too, with -n as
+// without: docs/xrcrun.md said a node without slots takes any number
+// once -n is given, and is never full for --map-by node.
+func TestPPNLimitsNodesWithoutSlots(t *testing.T) {
+	nodes := []node{{Host: "a"}, {Host: "b", Slots: 3}}
+	for _, byNode := range []bool{false, true} {
+		if p, err := layout(10, nodes, 2, byNode); err == nil {
+			t.Errorf("-H a,b:3 -n 10 --ppn 2 (by node %v): placed on %v, want an error", byNode, p.Node)
+		}
+		if p, err := layout(4, nodes, 2, byNode); err != nil || len(p.Ranks[0]) != 2 || len(p.Ranks[1]) != 2 {
+			t.Errorf("-H a,b:3 -n 4 --ppn 2 (by node %v): %v, %v; want 2 ranks a node", byNode, p.Ranks, err)
+		}
+	}
+}
+
+// Block placement gives a node without slots at least one rank, even
+// when the nodes with slots could take them all: -H a,b,c:3 -n 4 puts
+// 1, 1 and 2 (docs/xrcrun.md gave the share as the rest of the ranks,
+// shared, which would put 1, 0 and 3).
+func TestShareAtLeastOne(t *testing.T) {
+	p, err := layout(4, []node{{Host: "a"}, {Host: "b"}, {Host: "c", Slots: 3}}, 0, false)
+	if want := []int{0, 1, 2, 2}; err != nil || !reflect.DeepEqual(p.Node, want) {
+		t.Errorf("-H a,b,c:3 -n 4: %v, %v; want %v", p.Node, err, want)
+	}
+}
