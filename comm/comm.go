@@ -41,9 +41,10 @@
 // that waits or tests (Recv, Wait, Test, a collective...), or while a
 // worker runs one of its non-blocking collectives; there is no
 // progress goroutine besides. So a small Isend that found the receiver's
-// buffers full goes out only when the sending rank next calls comm, as
-// with most MPI implementations: a rank that computes for
-// long between Isend and Wait should Test now and then.
+// buffers full goes out only when the sending rank next makes a call
+// that waits or tests, or one of its non-blocking collectives' workers
+// runs, as with most MPI implementations: a rank that computes for long
+// between Isend and Wait should Test now and then.
 //
 // # Errors
 //
@@ -113,8 +114,9 @@ type Config struct {
 	Spin time.Duration
 	// Yield is how long a rank that does not spin polls before it
 	// sleeps, giving its CPU to the node's other processes between polls
-	// (XRC_YIELD_US; default: 200 µs in a job on one node whose ranks
-	// do not spin, else none). Negative: never.
+	// (XRC_YIELD_US; default: 200 µs in a job on one node when Spin is
+	// negative, as it is by default when the node's ranks outnumber its
+	// CPUs; else none). Negative: never.
 	Yield time.Duration
 	// NoPull moves large messages between ranks of a node through the
 	// shared-memory rings, as when the kernel refuses to let a process

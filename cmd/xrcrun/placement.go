@@ -22,7 +22,7 @@ type placement struct {
 // place maps n ranks onto nodes as mpirun does. By blocks (the default), a
 // node takes ppn consecutive ranks, or its slots, or an even share of
 // the ranks the nodes with slots leave (one more on the first ones when
-// they do not divide, as srun does); byNode deals ranks round robin, one per node in turn,
+// they do not divide, as srun does, and at least one each); byNode deals ranks round robin, one per node in turn,
 // skipping nodes whose slots are full. Nodes left without ranks are
 // dropped. It fails when the slots cannot hold n ranks.
 func place(n int, nodes []node, ppn int, byNode bool) (placement, error) {
