@@ -59,6 +59,10 @@ type options struct {
 	validate bool
 	self     bool
 	server   string
+	// ln, with -self, is the server's listener, open before either side
+	// starts, so that the client's one dial finds it however long the
+	// server takes to set up.
+	ln net.Listener
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -150,8 +154,8 @@ func runSelf(ctx context.Context, o *options, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	defer ln.Close()
 	o.port = ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
 	// Both sides open their device before either starts: a server
 	// whose client never comes would wait for ever.
 	var ctxs [2]*verbs.Context
@@ -175,28 +179,38 @@ func runSelf(ctx context.Context, o *options, stdout io.Writer) error {
 		defer c.Close()
 		ctxs[i] = c
 	}
+	// A side that fails ends the other, which would otherwise wait for
+	// it for ever (a server for its client, say); the first failure is
+	// the one reported.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var wg sync.WaitGroup
+	var once sync.Once
+	failed := -1
 	for i, c := range ctxs {
 		side := *o
-		if i == 1 {
+		if i == 0 {
+			side.ln = ln
+		} else {
 			side.server = "127.0.0.1"
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if i == 1 {
-				time.Sleep(50 * time.Millisecond) // let the server listen
+			if errs[i] = pingpong(ctx, c, &side, &outs[i]); errs[i] != nil {
+				once.Do(func() { failed = i })
+				cancel()
 			}
-			errs[i] = pingpong(ctx, c, &side, &outs[i])
 		}()
 	}
 	wg.Wait()
-	for i, name := range []string{"server", "client"} {
+	names := [2]string{"server", "client"}
+	for i, name := range names {
 		fmt.Fprintf(stdout, "%s:\n", name)
 		io.Copy(stdout, &outs[i])
-		if errs[i] != nil {
-			return fmt.Errorf("%s: %w", name, errs[i])
-		}
+	}
+	if failed >= 0 {
+		return fmt.Errorf("%s: %w", names[failed], errs[failed])
 	}
 	return nil
 }
@@ -343,11 +357,16 @@ func pingpong(ctx context.Context, dev *verbs.Context, o *options, out io.Writer
 		}
 		return nil
 	}
+	if testHookExchange != nil {
+		if err := testHookExchange(o.server == ""); err != nil {
+			return err
+		}
+	}
 	var rem dest
 	if o.server != "" {
 		rem, err = clientExchange(ctx, o.server, o.port, my)
 	} else {
-		rem, err = serverExchange(ctx, o.port, my, connectQP)
+		rem, err = serverExchange(ctx, o.ln, o.port, my, connectQP)
 	}
 	if err != nil {
 		return err
@@ -469,11 +488,20 @@ func clientExchange(ctx context.Context, host string, port int, my dest) (dest, 
 	return parseDest(msg)
 }
 
-func serverExchange(ctx context.Context, port int, my dest, connect func(dest) error) (dest, error) {
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", ":"+strconv.Itoa(port))
-	if err != nil {
-		return dest{}, fmt.Errorf("couldn't listen to port %d: %w", port, err)
+// testHookExchange, if set, runs as a side (the server if server) starts
+// its exchange, after setting up its device; an error it returns is the
+// side's. Tests make a side slow or fail with it.
+var testHookExchange func(server bool) error
+
+// serverExchange accepts the client on ln or, if ln is nil, on a listener
+// of its own on port; it closes the listener.
+func serverExchange(ctx context.Context, ln net.Listener, port int, my dest, connect func(dest) error) (dest, error) {
+	if ln == nil {
+		var lc net.ListenConfig
+		var err error
+		if ln, err = lc.Listen(ctx, "tcp", ":"+strconv.Itoa(port)); err != nil {
+			return dest{}, fmt.Errorf("couldn't listen to port %d: %w", port, err)
+		}
 	}
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	conn, err := ln.Accept()

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -134,6 +135,45 @@ func TestSelf(t *testing.T) {
 	}
 }
 
+// TestSelfSlowServer: with -self the client dials once; it must find the
+// server's listener however long the server takes to set up (it dialled
+// 50 ms after the start and failed with "couldn't connect" when the server
+// was slower).
+func TestSelfSlowServer(t *testing.T) {
+	testHookExchange = func(server bool) error {
+		if server {
+			time.Sleep(300 * time.Millisecond)
+		}
+		return nil
+	}
+	defer func() { testHookExchange = nil }()
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), []string{"-self", "-n", "10", "-s", "64"}, &out, &errb); err != nil {
+		t.Fatalf("-self with a server slow to set up: %v\n%s%s", err, out.String(), errb.String())
+	}
+}
+
+// TestSelfClientFails: with -self, a client that fails ends the server,
+// which waited for it in accept for ever, and the client's error is the
+// one reported.
+func TestSelfClientFails(t *testing.T) {
+	errClient := errors.New("the client gives up")
+	testHookExchange = func(server bool) error {
+		if !server {
+			return errClient
+		}
+		return nil
+	}
+	defer func() { testHookExchange = nil }()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a guard against the hang
+	defer cancel()
+	var out, errb bytes.Buffer
+	err := run(ctx, []string{"-self", "-n", "10", "-s", "64"}, &out, &errb)
+	if !errors.Is(err, errClient) || !strings.HasPrefix(err.Error(), "client: ") || ctx.Err() != nil {
+		t.Fatalf("-self with a failing client: %v (the guard's context: %v), want the client's error", err, ctx.Err())
+	}
+}
+
 // -self -d DEV runs both sides on DEV, as ibv_rc_pingpong -d DEV does as
 // server and client on one host; -d was ignored, so -d nosuchdev
 // succeeded on the in-process HCAs. An unknown device is an error.
@@ -181,7 +221,7 @@ func TestServerStalledPeer(t *testing.T) {
 		port := freePort(t)
 		done := make(chan error, 1)
 		go func() {
-			_, err := serverExchange(ctx, port, dest{}, func(dest) error { return nil })
+			_, err := serverExchange(ctx, nil, port, dest{}, func(dest) error { return nil })
 			done <- err
 		}()
 		var conn net.Conn
