@@ -87,7 +87,6 @@ type Producer struct {
 	pos        uint64 // the tail this producer has written up to
 	headSeen   uint64 // the last head read
 	res        int    // length of the reserved frame's payload, -1 when none
-	wrapAt     uint64 // where the reserved frame's wrap marker goes, or ^0
 }
 
 // Consumer reads frames from a ring. Only one goroutine of one process may
@@ -132,6 +131,17 @@ func NewConsumer(b []byte) *Consumer {
 // offset in 2^31 laps.
 func stamp(pos uint64) uint64 { return uint64(uint32(pos>>3)|1<<31) << 32 }
 
+// skip is the bytes a wrap marker fills before a frame of need bytes at
+// the producer's position: the rest of the data area if the frame does not
+// fit before its end, else 0.
+func (p *Producer) skip(need uint64) uint64 {
+	off, size := p.pos&p.mask, uint64(len(p.data))
+	if off+need > size {
+		return size - off
+	}
+	return 0
+}
+
 // MaxFrame is the largest payload a ring of this size carries: a quarter
 // of its data, so that several frames are in flight at once.
 func (p *Producer) MaxFrame() int { return len(p.data)/4 - frameHdr }
@@ -146,11 +156,7 @@ func (p *Producer) Reserve(n int) ([]byte, error) {
 	}
 	need := uint64(frameHdr + align8(n))
 	size := uint64(len(p.data))
-	off := p.pos & p.mask
-	skip := uint64(0)
-	if off+need > size {
-		skip = size - off // a wrap marker fills the rest of the area
-	}
+	skip := p.skip(need)
 	// The frame, and the slot after it, which is zeroed now: the header
 	// that comes there must be the first thing the consumer sees in it.
 	room := p.pos + skip + need + frameHdr
@@ -169,13 +175,10 @@ func (p *Producer) Reserve(n int) ([]byte, error) {
 			}
 		}
 	}
-	p.wrapAt = ^uint64(0)
-	if skip > 0 {
-		// The marker is published in Commit, after the frame at the
-		// start: the slot there holds stale bytes until then.
-		p.wrapAt = off
-		off = 0
-	}
+	// With a skip, the frame goes at the start, and the wrap marker is
+	// published in Commit, after it: the slot there holds stale bytes
+	// until then.
+	off := (p.pos + skip) & p.mask
 	// The next slot: off+need is at most size, and 0 at the end.
 	binary.LittleEndian.PutUint64(p.data[(off+need)&p.mask:], 0)
 	p.res = n
@@ -188,15 +191,14 @@ func (p *Producer) Commit() {
 	if p.res < 0 {
 		panic("shm: Commit without Reserve")
 	}
-	start := p.pos
-	if p.wrapAt != ^uint64(0) {
-		start += uint64(len(p.data)) - p.wrapAt
-	}
+	need := uint64(frameHdr + align8(p.res))
+	skip := p.skip(need)
+	start := p.pos + skip
 	word(p.data, int(start&p.mask)).Store(uint64(p.res) | stamp(start))
-	if p.wrapAt != ^uint64(0) {
-		word(p.data, int(p.wrapAt)).Store(wrapMarker | stamp(p.pos))
+	if skip > 0 {
+		word(p.data, int(p.pos&p.mask)).Store(wrapMarker | stamp(p.pos))
 	}
-	p.pos = start + uint64(frameHdr+align8(p.res))
+	p.pos = start + need
 	p.res = -1
 	p.tail.Store(p.pos)
 }

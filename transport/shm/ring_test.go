@@ -190,10 +190,7 @@ func TestRingStalePayload(t *testing.T) {
 			t.Fatal(err)
 		}
 		if f != nil {
-			pos := p.pos
-			if p.wrapAt != ^uint64(0) {
-				pos += 4096 - p.wrapAt
-			}
+			pos := p.pos + p.skip(uint64(frameHdr+align8(n)))
 			for i := 0; i < n; i += 8 {
 				q := pos + frameHdr + uint64(i) + 4096*uint64(1+rng.IntN(2))
 				binary.LittleEndian.PutUint64(f[i:], uint64(rng.IntN(64))|stamp(q))
