@@ -302,7 +302,7 @@ func (c *launchConfig) where(getenv func(string) string) (launchMode, []node, er
 		}
 		if ok {
 			if c.n == 0 && c.ppn == 0 && a.Tasks > 0 {
-				c.n = a.Tasks // with --ppn, defaultRanks: ppn on every node
+				c.n = a.Tasks // with --ppn, layout puts ppn on every node
 			}
 			return modeSlurm, a.Nodes, nil
 		}
@@ -310,43 +310,29 @@ func (c *launchConfig) where(getenv func(string) string) (launchMode, []node, er
 	return modeLocal, make([]node, 1), nil
 }
 
-// layout places the job's n ranks on nodes. Without -n (n 0) the job is
-// defaultRanks, and a node without slots holds the one rank it was
-// counted for: else --map-by node, which never finds such a node full,
-// dealt it ranks meant for the nodes with slots (-H a,b:3 put ranks 0
-// and 2 on a). With -n and without --ppn (which limits every node), a
-// node without slots takes any number.
+// layout places the job's n ranks on nodes. Without -n (n 0, and in a
+// Slurm allocation no SLURM_NTASKS) the job is ppn ranks on every node
+// with --ppn, else every node's slots, one for a node whose slots are not
+// given; and a node without slots holds the one rank it was counted for:
+// else --map-by node, which never finds such a node full, dealt it ranks
+// meant for the nodes with slots (-H a,b:3 put ranks 0 and 2 on a). With
+// -n and without --ppn (which limits every node), a node without slots
+// takes any number.
 func layout(n int, nodes []node, ppn int, byNode bool) (placement, error) {
 	if n == 0 {
-		n = defaultRanks(nodes, ppn)
 		counted := make([]node, len(nodes))
 		for i, nd := range nodes {
-			if nd.Slots == 0 {
-				nd.Slots = 1
-			}
+			nd.Slots = max(nd.Slots, 1)
 			counted[i] = nd
+			if ppn > 0 {
+				n += ppn
+			} else {
+				n += nd.Slots
+			}
 		}
 		nodes = counted
 	}
 	return place(n, nodes, ppn, byNode)
-}
-
-// defaultRanks is the job size without -n (and, in a Slurm allocation,
-// without SLURM_NTASKS): ppn ranks on every node with --ppn, else every
-// node's slots, one for a node whose slots are not given.
-func defaultRanks(nodes []node, ppn int) int {
-	total := 0
-	for _, nd := range nodes {
-		switch {
-		case ppn > 0:
-			total += ppn
-		case nd.Slots > 0:
-			total += nd.Slots
-		default:
-			total++
-		}
-	}
-	return total
 }
 
 // newJobID returns a random job name and key.
