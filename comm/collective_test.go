@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -570,6 +571,25 @@ func TestCollectiveSizeMismatch(t *testing.T) {
 	} {
 		if err == nil {
 			t.Errorf("%s: no error", what)
+		}
+	}
+	// Gather and Scatter name themselves, and the buffer they were given,
+	// not the vector forms they share code with and whose counts the
+	// caller never saw.
+	waitErr := func(r *Request) error { _, err := r.Wait(ctx); return err }
+	for what, c := range map[string]struct {
+		err  error
+		want string
+	}{
+		"gather into 5 bytes":  {c.Gather(ctx, make([]byte, 2), make([]byte, 5), 0), "comm: gather into 5 bytes: 3 ranks of 2 bytes need 6"},
+		"igather into 5 bytes": {waitErr(c.Igather(ctx, make([]byte, 2), make([]byte, 5), 0)), "comm: gather into 5 bytes"},
+		"scatter of 5 bytes":   {c.Scatter(ctx, make([]byte, 5), make([]byte, 2), 0), "comm: scatter of 5 bytes: 3 ranks of 2 bytes need 6"},
+		"iscatter of 7 bytes":  {waitErr(c.Iscatter(ctx, make([]byte, 7), make([]byte, 2), 0)), "comm: scatter of 7 bytes"},
+		"gatherv into 5 bytes": {c.Gatherv(ctx, make([]byte, 2), make([]byte, 5), []int{2, 2, 2}, nil, 0), "comm: gatherv: rank 2's block of 2 bytes at 4 lies outside the 5-byte buffer"},
+		"scatterv of 5 bytes":  {c.Scatterv(ctx, make([]byte, 5), []int{2, 2, 2}, nil, make([]byte, 2), 0), "comm: scatterv: rank 2's block of 2 bytes at 4 lies outside the 5-byte buffer"},
+	} {
+		if c.err == nil || !strings.Contains(c.err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one saying %q", what, c.err, c.want)
 		}
 	}
 }

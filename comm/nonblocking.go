@@ -192,28 +192,36 @@ func (c *Comm) Ibcast(ctx context.Context, buf []byte, root int) *Request {
 
 // Igather starts a Gather.
 func (c *Comm) Igather(ctx context.Context, send, recv []byte, root int) *Request {
-	return c.Igatherv(ctx, send, recv, c.equalCounts(len(send)), nil, root)
+	return c.igatherv(ctx, "gather", send, recv, c.equalCounts(len(send)), nil, root)
 }
 
 // Igatherv starts a Gatherv.
 func (c *Comm) Igatherv(ctx context.Context, send, recv []byte, counts, displs []int, root int) *Request {
+	return c.igatherv(ctx, "gatherv", send, recv, counts, displs, root)
+}
+
+func (c *Comm) igatherv(ctx context.Context, what string, send, recv []byte, counts, displs []int, root int) *Request {
 	if err := c.checkRoot(root); err != nil {
 		return c.failed(c.refuse(err))
 	}
-	return c.start(len(send)+len(recv), func(cc *Comm, tag int) error { return cc.gatherv(ctx, tag, send, recv, counts, displs, root) })
+	return c.start(len(send)+len(recv), func(cc *Comm, tag int) error { return cc.gatherv(ctx, tag, what, send, recv, counts, displs, root) })
 }
 
 // Iscatter starts a Scatter.
 func (c *Comm) Iscatter(ctx context.Context, send, recv []byte, root int) *Request {
-	return c.Iscatterv(ctx, send, c.equalCounts(len(recv)), nil, recv, root)
+	return c.iscatterv(ctx, "scatter", send, c.equalCounts(len(recv)), nil, recv, root)
 }
 
 // Iscatterv starts a Scatterv.
 func (c *Comm) Iscatterv(ctx context.Context, send []byte, counts, displs []int, recv []byte, root int) *Request {
+	return c.iscatterv(ctx, "scatterv", send, counts, displs, recv, root)
+}
+
+func (c *Comm) iscatterv(ctx context.Context, what string, send []byte, counts, displs []int, recv []byte, root int) *Request {
 	if err := c.checkRoot(root); err != nil {
 		return c.failed(c.refuse(err))
 	}
-	return c.start(len(send)+len(recv), func(cc *Comm, tag int) error { return cc.scatterv(ctx, tag, send, counts, displs, recv, root) })
+	return c.start(len(send)+len(recv), func(cc *Comm, tag int) error { return cc.scatterv(ctx, tag, what, send, counts, displs, recv, root) })
 }
 
 // Iallgather starts an Allgather.

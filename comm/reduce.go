@@ -274,7 +274,7 @@ func reduceScatter[T Number](ctx context.Context, cc *Comm, tag int, send, recv 
 	if cc.rank != 0 {
 		return cc.recvAll(ctx, "reduce_scatter", out, 0, tag)
 	}
-	if err := cc.scatterBlocks(ctx, tag, bs, out); err != nil {
+	if err := cc.scatterBlocks(ctx, tag, "reduce_scatter", bs, out); err != nil {
 		return err
 	}
 	putScratch(wholeBuf)

@@ -74,15 +74,22 @@ func (c *Comm) Gatherv(ctx context.Context, send, recv []byte, counts, displs []
 	if err := c.checkRoot(root); err != nil {
 		return c.refuse(err)
 	}
-	return c.run(func(cc *Comm, tag int) error { return cc.gatherv(ctx, tag, send, recv, counts, displs, root) })
+	return c.run(func(cc *Comm, tag int) error {
+		return cc.gatherv(ctx, tag, "gatherv", send, recv, counts, displs, root)
+	})
 }
 
-// gatherv is Gatherv on the collective communicator, in the call's tag.
-func (cc *Comm) gatherv(ctx context.Context, tag int, send, recv []byte, counts, displs []int, root int) error {
+// gatherv is Gatherv on the collective communicator, in the call's tag;
+// what names the call in errors: "gather" for Gather, whose counts are
+// all len(send) and whose recv is then too short or too long.
+func (cc *Comm) gatherv(ctx context.Context, tag int, what string, send, recv []byte, counts, displs []int, root int) error {
 	if cc.rank != root {
 		return cc.Send(ctx, send, root, tag)
 	}
-	bs, err := cc.blocks("gatherv", recv, counts, displs, true)
+	if what == "gather" && len(recv) != cc.size*len(send) {
+		return fmt.Errorf("comm: gather into %d bytes: %d ranks of %d bytes need %d", len(recv), cc.size, len(send), cc.size*len(send))
+	}
+	bs, err := cc.blocks(what, recv, counts, displs, true)
 	if err != nil {
 		return err
 	}
@@ -102,10 +109,10 @@ func (cc *Comm) gatherv(ctx context.Context, tag int, send, recv []byte, counts,
 	}
 	sts, err := Waitall(ctx, reqs...)
 	if err != nil {
-		return fmt.Errorf("comm: gatherv: %w", err)
+		return fmt.Errorf("comm: %s: %w", what, err)
 	}
 	for _, st := range sts {
-		if err := checkCount("gatherv", st.Source, st, nil, counts[st.Source]); err != nil {
+		if err := checkCount(what, st.Source, st, nil, counts[st.Source]); err != nil {
 			return err
 		}
 	}
@@ -121,25 +128,33 @@ func (c *Comm) Scatterv(ctx context.Context, send []byte, counts, displs []int, 
 	if err := c.checkRoot(root); err != nil {
 		return c.refuse(err)
 	}
-	return c.run(func(cc *Comm, tag int) error { return cc.scatterv(ctx, tag, send, counts, displs, recv, root) })
+	return c.run(func(cc *Comm, tag int) error {
+		return cc.scatterv(ctx, tag, "scatterv", send, counts, displs, recv, root)
+	})
 }
 
-// scatterv is Scatterv on the collective communicator, in the call's tag.
-func (cc *Comm) scatterv(ctx context.Context, tag int, send []byte, counts, displs []int, recv []byte, root int) error {
+// scatterv is Scatterv on the collective communicator, in the call's tag;
+// what names the call in errors: "scatter" for Scatter, whose counts are
+// all len(recv) and whose send is then too short or too long.
+func (cc *Comm) scatterv(ctx context.Context, tag int, what string, send []byte, counts, displs []int, recv []byte, root int) error {
 	if cc.rank != root {
-		return cc.recvAll(ctx, "scatterv", recv, root, tag)
+		return cc.recvAll(ctx, what, recv, root, tag)
 	}
-	bs, err := cc.blocks("scatterv", send, counts, displs, false)
+	if what == "scatter" && len(send) != cc.size*len(recv) {
+		return fmt.Errorf("comm: scatter of %d bytes: %d ranks of %d bytes need %d", len(send), cc.size, len(recv), cc.size*len(recv))
+	}
+	bs, err := cc.blocks(what, send, counts, displs, false)
 	if err != nil {
 		return err
 	}
-	return cc.scatterBlocks(ctx, tag, bs, recv)
+	return cc.scatterBlocks(ctx, tag, what, bs, recv)
 }
 
-// scatterBlocks is root's part of Scatterv, the blocks cut.
-func (cc *Comm) scatterBlocks(ctx context.Context, tag int, bs [][]byte, recv []byte) error {
+// scatterBlocks is root's part of Scatterv (and of the collectives that
+// end in one, named what), the blocks cut.
+func (cc *Comm) scatterBlocks(ctx context.Context, tag int, what string, bs [][]byte, recv []byte) error {
 	if len(recv) != len(bs[cc.rank]) {
-		return fmt.Errorf("comm: scatterv: root receives into %d bytes, its count says %d", len(recv), len(bs[cc.rank]))
+		return fmt.Errorf("comm: %s: root receives into %d bytes, its count says %d", what, len(recv), len(bs[cc.rank]))
 	}
 	reqs := make([]*Request, 0, cc.size-1)
 	for r, b := range bs {
