@@ -82,6 +82,11 @@ type engine struct {
 	gatherBufs [][]byte // gatherRun's pieces of runBufs for one region
 	// run is the READ response payloads waiting to be written at once.
 	run writeRun
+	// holdReads, a test hook, stops the rounds from sending READ
+	// responses (the QPs stay in readq) until it is cleared and the
+	// engine kicked: what waits behind them waits as long as a test
+	// needs, however slow the machine.
+	holdReads bool // guarded by d.mu
 }
 
 // instant is a time on the device clock: nanoseconds since the engine's
@@ -371,7 +376,7 @@ func (e *engine) round() bool {
 		}
 		e.runNext = runq[:0]
 	}
-	if len(e.readq) > 0 {
+	if len(e.readq) > 0 && !e.holdReads {
 		worked = true
 		readq := e.readq
 		e.readq = e.readNext[:0]

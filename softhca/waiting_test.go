@@ -14,9 +14,12 @@ import (
 
 // Responses go in PSN order, so an acknowledgement or a NAK that comes due
 // while a READ's responses stream waits for them (responder.go: sendAck,
-// nak). These tests catch the responder between two rounds of four 1 MiB
-// READs at MTU 256 (16,384 responses, 64 a round), holding the device
-// mutex.
+// nak). Some of these tests catch the responder between two rounds of four
+// 1 MiB READs at MTU 256 (16,384 responses, 64 a round), holding the device
+// mutex; those that must find a NAK waiting hold the READs' responses back
+// instead (heldReads), as a window of rounds can be missed on a loaded
+// machine, and the acknowledgement they wait for would follow the whole
+// stream.
 
 // readPSN is the rig's first PSN, that of the first READ; the next
 // request's PSN comes after the READs' responses.
@@ -44,12 +47,36 @@ func (r *rig) lockedWhen(t *testing.T, what string, cond func() bool) {
 }
 
 // readRequests sends the four READs.
-func (r *rig) readRequests() {
+func (r *rig) readRequests() { r.readRequestsOf(1 << 20) }
+
+// readRequestsOf sends four READs of n bytes each (a multiple of the MTU,
+// 256), from readPSN.
+func (r *rig) readRequestsOf(n uint32) {
 	for i := range uint32(4) {
 		r.inject(func(p *roce.Packet) {
-			p.Opcode, p.PSN, p.VA, p.RKey, p.DMALen = roce.ReadRequest, readPSN+i*4096, r.mr.Addr(), r.mr.RKey(), 1<<20
+			p.Opcode, p.PSN, p.VA, p.RKey, p.DMALen = roce.ReadRequest, readPSN+i*n/256, r.mr.Addr(), r.mr.RKey(), n
 		})
 	}
+}
+
+// heldReads sends four READs of 16 KiB (64 responses each, a round's
+// worth, 256 in all) whose responses the engine holds back
+// (engine.holdReads) until letReadsGo, and returns the PSN of the request
+// after them: what comes due behind the READs waits, however long the test
+// takes to look, and goes a few rounds after it lets them go.
+func (r *rig) heldReads() uint32 {
+	r.d.mu.Lock()
+	r.d.eng.holdReads = true
+	r.d.mu.Unlock()
+	r.readRequestsOf(16 << 10)
+	return readPSN + 4*64
+}
+
+// letReadsGo lets the engine send the READ responses it holds. Caller
+// holds d.mu.
+func (r *rig) letReadsGo() {
+	r.d.eng.holdReads = false
+	r.d.eng.kick()
 }
 
 // untilAck collects what comes to the sink up to the first acknowledgement
@@ -80,8 +107,9 @@ func TestWaitingNAKDroppedOnceAnswered(t *testing.T) {
 		t.Run(map[bool]string{true: "RNR", false: "sequence"}[rnr], func(t *testing.T) {
 			r := newRigWith(t, verbstest.Options{MTU: verbs.MTU256})
 			q := r.d.qps.get(r.qp.Num())
+			next := r.heldReads()
 			send := func(p *roce.Packet) {
-				p.Opcode, p.PSN, p.AckReq = roce.SendOnly, nextPSN, true
+				p.Opcode, p.PSN, p.AckReq = roce.SendOnly, next, true
 				p.Payload = append(p.Payload[:0], "8 bytes!"...)
 			}
 			write := func(psn uint32) func(p *roce.Packet) {
@@ -90,26 +118,35 @@ func TestWaitingNAKDroppedOnceAnswered(t *testing.T) {
 					p.Payload = append(p.Payload[:0], "12345678"...)
 				}
 			}
-			r.readRequests()
 			if rnr {
 				r.inject(send) // no receive posted
 			} else {
-				r.inject(write(nextPSN + 1)) // the WRITE at nextPSN was lost
+				r.inject(write(next + 1)) // the WRITE at next was lost
 			}
 			r.lockedWhen(t, "NAK waiting for the READs", func() bool { return q.resp.nakAfterReads })
 			if len(q.resp.reads) == 0 {
 				t.Fatal("a NAK waits with no READ responses left to send")
 			}
 			// The requester goes back: the NAKed packet comes again.
+			done := next + 1 // the expected PSN once it is taken
 			if rnr {
 				if err := r.qp.PostRecv(&verbs.RecvWR{WRID: 7, SG: []verbs.SGE{r.mr.SGE(0, 64)}}); err != nil {
 					t.Fatal(err)
 				}
 				r.inject(send)
 			} else {
-				r.inject(write(nextPSN))
-				r.inject(write(nextPSN + 1))
+				r.inject(write(next))
+				r.inject(write(next + 1))
+				done++
 			}
+			r.d.mu.Unlock()
+			// The READ responses go once the engine has taken the
+			// packets sent again (it may hold a batch it took before
+			// the lock, without them): let go before, the round that
+			// sends the last responses could send the NAK with them,
+			// ahead of the packets, as on a network, and rightly so.
+			r.lockedWhen(t, "the packets sent again taken", func() bool { return q.resp.epsn == done })
+			r.letReadsGo()
 			r.d.mu.Unlock()
 			got := r.untilAck(t)
 			for _, p := range got {
@@ -132,15 +169,16 @@ func TestWaitingNAKDroppedOnceAnswered(t *testing.T) {
 func TestErrorStateStopsResponses(t *testing.T) {
 	r := newRigWith(t, verbstest.Options{MTU: verbs.MTU256})
 	q := r.d.qps.get(r.qp.Num())
-	r.readRequests()
+	next := r.heldReads()
 	r.inject(func(p *roce.Packet) { // finds no receive: an RNR NAK waits
-		p.Opcode, p.PSN, p.AckReq = roce.SendOnly, nextPSN, true
+		p.Opcode, p.PSN, p.AckReq = roce.SendOnly, next, true
 		p.Payload = append(p.Payload[:0], "8 bytes!"...)
 	})
 	r.lockedWhen(t, "NAK waiting for the READs", func() bool { return q.resp.nakAfterReads })
 	r.d.setState(q, qpstate.Err) // as a modify to ERR does
 	sent := r.d.counters.XmitPackets.Load()
 	r.sink.drain()
+	r.letReadsGo()
 	r.d.mu.Unlock()
 	r.lockedWhen(t, "READ responses dropped", func() bool { return !q.resp.queued })
 	r.d.mu.Unlock()
@@ -173,6 +211,7 @@ func TestWaitingNAKRenewedForDroppedPackets(t *testing.T) {
 		t.Run(map[bool]string{false: "late original", true: "copy after RNR"}[rnr], func(t *testing.T) {
 			r := newRigWith(t, verbstest.Options{MTU: verbs.MTU256})
 			q := r.d.qps.get(r.qp.Num())
+			next := r.heldReads()
 			write := func(psn uint32) func(p *roce.Packet) {
 				return func(p *roce.Packet) {
 					p.Opcode, p.PSN, p.VA, p.RKey, p.DMALen, p.AckReq = roce.WriteOnly, psn, r.mr.Addr(), r.mr.RKey(), 8, true
@@ -180,16 +219,15 @@ func TestWaitingNAKRenewedForDroppedPackets(t *testing.T) {
 				}
 			}
 			send := func(p *roce.Packet) {
-				p.Opcode, p.PSN, p.AckReq = roce.SendOnly, nextPSN, true
+				p.Opcode, p.PSN, p.AckReq = roce.SendOnly, next, true
 				p.Payload = append(p.Payload[:0], "8 bytes!"...)
 			}
-			r.readRequests()
 			if rnr {
 				r.inject(send) // no receive: an RNR NAK waits
 			} else {
-				r.inject(write(nextPSN + 1)) // before nextPSN: a sequence NAK waits
+				r.inject(write(next + 1)) // before next: a sequence NAK waits
 			}
-			r.inject(write(nextPSN + 2)) // dropped under the NAK
+			r.inject(write(next + 2)) // dropped under the NAK
 			r.lockedWhen(t, "NAK waiting for the READs, a packet dropped", func() bool { return q.resp.nakAfterReads && q.resp.nakDropped })
 			if rnr {
 				if err := r.qp.PostRecv(&verbs.RecvWR{WRID: 7, SG: []verbs.SGE{r.mr.SGE(0, 64)}}); err != nil {
@@ -197,16 +235,19 @@ func TestWaitingNAKRenewedForDroppedPackets(t *testing.T) {
 				}
 				r.inject(send) // the network's copy
 			} else {
-				r.inject(write(nextPSN)) // the late original
+				r.inject(write(next)) // the late original
 			}
+			r.d.mu.Unlock()
+			r.lockedWhen(t, "the late packet taken", func() bool { return q.resp.epsn == next+1 })
+			r.letReadsGo()
 			r.d.mu.Unlock()
 			acks := lastAcks(r.untilAck(t))
 			want := []struct {
 				psn  uint32
 				kind uint8
-			}{{nextPSN, roce.AETHAck}, {nextPSN + 1, roce.AETHNak}}
+			}{{next, roce.AETHAck}, {next + 1, roce.AETHNak}}
 			if len(acks) != len(want) {
-				t.Fatalf("%d acknowledgements and NAKs, want an ACK of %#x and a sequence NAK of %#x", len(acks), nextPSN, nextPSN+1)
+				t.Fatalf("%d acknowledgements and NAKs, want an ACK of %#x and a sequence NAK of %#x", len(acks), next, next+1)
 			}
 			for i, w := range want {
 				if a := acks[i]; a.PSN != w.psn || a.Syndrome&roce.AETHKind != w.kind {
