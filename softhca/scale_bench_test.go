@@ -3,6 +3,7 @@ package softhca_test
 import (
 	"fmt"
 	"math/bits"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"strconv"
@@ -361,6 +362,12 @@ func newScaleSetup(b *testing.B, devices, n int) *scaleSetup {
 //
 // XRC_SCALE_QPS, a comma-separated list, sets the QP counts (default
 // 10,1000,10000), to find where the cost per message turns up.
+// XRC_SCALE_ORDER sets the order in which the messages go over the QP
+// pairs (scaleOrder): roundrobin (the default) goes through them in the
+// order they were made, which is the order their state lies in memory,
+// the kindest to the caches and the TLB; permuted goes through them in a
+// random order, the same every pass; random in a new random order every
+// pass.
 func BenchmarkQPScaling(b *testing.B) {
 	counts, err := scaleCounts(os.Getenv("XRC_SCALE_QPS"))
 	if err != nil {
@@ -423,11 +430,16 @@ type scaleLoad struct {
 	wr            *verbs.SendWR
 	sent, doneA   int
 	doneB         int // receives completed and posted again
-	next          int // the QP the next message goes on
+	next          int // the place in order of the QP the next message goes on
+	// The order in which messages go to the QPs (XRC_SCALE_ORDER), nil
+	// for 0, 1, 2, ...; shuffled again at each pass if shuffle is set.
+	order   []int
+	shuffle *rand.Rand
 }
 
 func (s *scaleSetup) load(b *testing.B, op verbs.WROpcode, depth, window int) *scaleLoad {
 	l := &scaleLoad{b: b, s: s, op: op, depth: depth, window: window,
+		order: scaleOrder(b, s.n),
 		perQP: make([]int, s.n),
 		wcA:   make([]verbs.WorkCompletion, 16), wcB: make([]verbs.WorkCompletion, 16),
 		recv: &verbs.RecvWR{SG: make([]verbs.SGE, 1)},
@@ -436,7 +448,27 @@ func (s *scaleSetup) load(b *testing.B, op verbs.WROpcode, depth, window int) *s
 	if op == verbs.WRRDMAWrite {
 		l.wr.RemoteAddr, l.wr.RKey = s.mrB.Addr()+32<<10, s.mrB.RKey()
 	}
+	if os.Getenv("XRC_SCALE_ORDER") == "random" {
+		l.shuffle = rand.New(rand.NewPCG(2, uint64(s.n)))
+	}
 	return l
+}
+
+// scaleOrder returns the order in which a load sends over n QP pairs, as
+// XRC_SCALE_ORDER says: "" or "roundrobin", nil (0, 1, 2, ...); "permuted",
+// one random permutation, the same every pass (as an application that
+// goes through its peers in the same order every iteration); "random", a
+// permutation that the load shuffles again at each pass (scaleLoad.post).
+func scaleOrder(b *testing.B, n int) []int {
+	switch v := os.Getenv("XRC_SCALE_ORDER"); v {
+	case "", "roundrobin":
+		return nil
+	case "permuted", "random":
+		return rand.New(rand.NewPCG(1, uint64(n))).Perm(n)
+	default:
+		b.Fatalf("XRC_SCALE_ORDER=%q: want roundrobin, permuted or random", v)
+		return nil
+	}
 }
 
 // counts returns the packets both devices sent, those of them sent again or
@@ -495,8 +527,14 @@ func (l *scaleLoad) poll() {
 // QP's depth is full.
 func (l *scaleLoad) post() {
 	i := l.next
+	if l.order != nil {
+		i = l.order[l.next]
+	}
 	if l.next++; l.next == l.s.n {
 		l.next = 0
+		if l.shuffle != nil {
+			l.shuffle.Shuffle(len(l.order), func(a, b int) { l.order[a], l.order[b] = l.order[b], l.order[a] })
+		}
 	}
 	for l.sent-l.doneA >= l.window || l.perQP[i] >= l.depth || l.op == verbs.WRSend && l.sent-l.doneB >= l.window {
 		l.poll()

@@ -28,7 +28,8 @@ import (
 // each count it reports ns/msg and dev-ns/msg (as ns/op and dev-ns/msg of
 // BenchmarkQPScaling), and for the largest count the rise of both over the
 // smallest, in percent. b.N is the messages over all counts. XRC_SCALE_QPS
-// sets the counts (at least two).
+// sets the counts (at least two), XRC_SCALE_ORDER the order of the QPs
+// (BenchmarkQPScaling).
 func BenchmarkQPScalingInTurns(b *testing.B) {
 	counts, err := scaleCounts(os.Getenv("XRC_SCALE_QPS"))
 	if err != nil {
