@@ -11,7 +11,7 @@ import (
 
 // parseHostfile reads an Open MPI style host file: one host per line,
 // optionally followed by slots=N (max_slots=N is accepted and ignored);
-// '#' starts a comment. A host named twice adds up its slots.
+// '#' starts a comment. A host named twice adds up its slots (addHost).
 func parseHostfile(r io.Reader) ([]node, error) {
 	var nodes []node
 	sc := bufio.NewScanner(r)
@@ -71,12 +71,13 @@ func parseHosts(s string) ([]node, error) {
 	return nodes, nil
 }
 
+// addHost adds nd to nodes. A host named again adds up its slots, a
+// listing without slots counting one, as in Open MPI (-H a,a is two
+// slots): a host gets a slot count once it is named twice.
 func addHost(nodes []node, nd node) []node {
 	for i := range nodes {
 		if nodes[i].Host == nd.Host {
-			if nodes[i].Slots > 0 || nd.Slots > 0 {
-				nodes[i].Slots = max(nodes[i].Slots, 1) + max(nd.Slots, 1)
-			}
+			nodes[i].Slots = max(nodes[i].Slots, 1) + max(nd.Slots, 1)
 			return nodes
 		}
 	}

@@ -13,6 +13,11 @@ func TestParseHostfile(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Errorf("got %v, %v; want %v", got, err, want)
 	}
+	got, err = parseHostfile(strings.NewReader("node1\nnode2\nnode1\n"))
+	want = []node{{"node1", 2}, {"node2", 0}}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("a host listed twice without slots: got %v, %v; want %v", got, err, want)
+	}
 	for _, bad := range []string{"", "# nothing\n", "a slots=x\n", "a slots=0\n", "a color=red\n"} {
 		if _, err := parseHostfile(strings.NewReader(bad)); err == nil {
 			t.Errorf("hostfile %q accepted", bad)
@@ -25,6 +30,14 @@ func TestParseHosts(t *testing.T) {
 	want := []node{{"a", 0}, {"b", 3}, {"127.0.0.2", 0}}
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Errorf("got %v, %v; want %v", got, err, want)
+	}
+	// A host named again adds up, a listing without slots counting one,
+	// as Open MPI's -H counts each listing a slot: -H a,a is two ranks
+	// by default, not one.
+	got, err = parseHosts("a,b,a,b:2,c:2,c")
+	want = []node{{"a", 2}, {"b", 3}, {"c", 3}}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("hosts named twice: got %v, %v; want %v", got, err, want)
 	}
 	for _, bad := range []string{"", ",", "a:x", "a:0"} {
 		if _, err := parseHosts(bad); err == nil {
