@@ -39,7 +39,10 @@ import (
 //     fails its INI QP toward Y: without the TGT QP it reaches no rank
 //     of Y. The rank that created it also publishes TGT QPN 0, so that
 //     the other ranks of Y that S asked, waiting for the number, fail
-//     too instead of waiting until Close.
+//     too instead of waiting until Close. Once its INI QP toward S's
+//     node failed, a rank refuses the later requests of that node's ranks
+//     (it could not return their credits) and gives up the claims it
+//     still had under way, publishing 0 for one it won.
 //
 // Bootstrap calls block, so they run in goroutines; the verbs work and
 // the transport's state change only in Progress (Apply).
@@ -218,11 +221,31 @@ func (l *lazy) Apply() {
 		}
 		n := p.node
 		if n.ini.State() == verbsx.ConnFailed {
+			l.refuseFailed(p, a)
 			continue
 		}
 		if err := l.do(p, a); err != nil {
 			t.e.Fail(&n.ini, err)
 		}
+	}
+}
+
+// refuseFailed answers a of p, whose node this rank's INI QP toward
+// failed: a request is refused (this rank could never return credits to
+// p, and p would wait for a reply), and a claim it won or lost is given
+// up (publishing TGT QPN 0 when it won, so that the node's other ranks p
+// asked do not wait for the number). The rest needs no answer.
+func (l *lazy) refuseFailed(p *peer, a action) {
+	switch a.kind {
+	case actRequest:
+		if p.requested {
+			l.t.m.Bad.Inc()
+			return
+		}
+		p.requested = true
+		l.t.e.Go(func() { l.refuse(p.Rank, a.m.qpn, false) })
+	case actCreate, actOpen:
+		l.t.e.Go(func() { l.refuse(p.Rank, a.m.qpn, a.kind == actCreate) })
 	}
 }
 

@@ -201,3 +201,39 @@ func TestLazyRefusal(t *testing.T) {
 		t.Logf("rank %d: %v", r, ends[r].Tr.nodes[0].ini.Err())
 	}
 }
+
+// TestLazyRequestAfterFailure: once a rank's INI QP toward a node has
+// failed (here: it could not create the TGT QP of one rank of that node),
+// a request from another rank of that node is refused, not dropped: the
+// asking rank used to wait for a reply that never came.
+func TestLazyRequestAfterFailure(t *testing.T) {
+	cs := clients(t, twoByTwo)
+	j := job(t, twoByTwo, false, softhca.Faults{}, func(c *Config) { c.Lazy, c.Bootstrap = true, cs[c.Rank] })
+	ends := j.ends
+	ends[1].Tr.failTGT = errors.New("no TGT QP today")
+	var err0, err2 error
+	for deadline := time.Now().Add(time.Minute); err0 == nil; time.Sleep(time.Millisecond) {
+		_, err0 = ends[0].Tr.TrySend(1, []byte("x"))
+		for _, e := range ends {
+			e.Tr.Progress(e.H)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("rank 0's request to rank 1 was never refused")
+		}
+	}
+	if ends[1].Tr.nodes[0].ini.Err() == nil {
+		t.Fatal("rank 1's INI QP toward node 0 did not fail")
+	}
+	for deadline := time.Now().Add(30 * time.Second); err2 == nil; time.Sleep(time.Millisecond) {
+		_, err2 = ends[2].Tr.TrySend(1, []byte("x"))
+		for _, e := range ends {
+			e.Tr.Progress(e.H)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("rank 2's request to rank 1, whose INI QP toward node 0 failed, got no answer")
+		}
+	}
+	if !strings.Contains(err2.Error(), "could not create or open the TGT QP") {
+		t.Errorf("send from rank 2 to rank 1: %v", err2)
+	}
+}
