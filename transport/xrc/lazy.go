@@ -162,6 +162,7 @@ func (l *lazy) claim(req message) {
 			if len(v) == 4 && binary.LittleEndian.Uint32(v) == 0 {
 				err = errors.New("the rank of this node that claimed it could not create it")
 			} else if len(v) != 4 || !validNum(binary.LittleEndian.Uint32(v)) {
+				l.t.m.Bad.Inc()
 				err = fmt.Errorf("%w: TGT QP number %x for rank %d", errRecord, v, req.rank)
 			} else {
 				l.push(action{kind: actOpen, m: req, qpn: binary.LittleEndian.Uint32(v)})

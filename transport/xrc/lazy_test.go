@@ -237,3 +237,30 @@ func TestLazyRequestAfterFailure(t *testing.T) {
 		t.Errorf("send from rank 2 to rank 1: %v", err2)
 	}
 }
+
+// TestLazyMalformedTGTNumber: a TGT QP number published under a node's
+// key that does not decode fails the connection and is counted as
+// malformed input, as a malformed mailbox message is.
+func TestLazyMalformedTGTNumber(t *testing.T) {
+	cs := clients(t, twoByTwo)
+	j := job(t, twoByTwo, false, softhca.Faults{}, func(c *Config) { c.Lazy, c.Bootstrap = true, cs[c.Rank] })
+	ends := j.ends
+	// Rank 3 of node 1 claims the TGT QP of rank 0's INI QP, and
+	// publishes a number of 3 bytes.
+	if err := cs[3].Put(t.Context(), claimKey(1, 0), []byte{3, 0, 0, 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs[3].Put(t.Context(), tgtKey(1, 0), []byte{1, 2, 3}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ends[0].Tr.TrySend(1, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	progress(t, ends, func() bool { return ends[1].Tr.nodes[0].ini.Err() != nil })
+	if err := ends[1].Tr.nodes[0].ini.Err(); !errors.Is(err, errRecord) {
+		t.Errorf("rank 1's INI QP toward node 0: %v", err)
+	}
+	if n := counterValue(ends[1].Tr.m.Bad); n != 1 {
+		t.Errorf("rank 1 counted %v malformed inputs, want 1", n)
+	}
+}
