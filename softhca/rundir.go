@@ -16,7 +16,8 @@ import (
 const RuntimeDirEnv = "XRC_RUNTIME_DIR"
 
 // RuntimeDir returns the directory of device sockets: $XRC_RUNTIME_DIR if
-// set, else $XDG_RUNTIME_DIR/xrc, else /tmp/xrc-<uid>.
+// set, else $XDG_RUNTIME_DIR/xrc, else xrc-<uid> in the temporary directory
+// ($TMPDIR, else /tmp).
 func RuntimeDir() string {
 	if d := os.Getenv(RuntimeDirEnv); d != "" {
 		return d

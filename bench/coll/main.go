@@ -35,10 +35,17 @@ import (
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "coll:", err)
-		os.Exit(1)
+	os.Exit(status(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr), os.Stderr))
+}
+
+// status is the exit status of a run that returned err, which it reports
+// on stderr: 0 for -h, whose usage the flag package printed, as asked.
+func status(err error, stderr io.Writer) int {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return 0
 	}
+	fmt.Fprintln(stderr, "coll:", err)
+	return 1
 }
 
 // Iterations, as OSU's defaults: sizes above large get fewer.

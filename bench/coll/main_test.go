@@ -49,3 +49,19 @@ func TestRun(t *testing.T) {
 		}
 	}
 }
+
+// -h prints the usage and exits 0, as asked; a bad flag exits 1 and says
+// so.
+func TestHelpStatus(t *testing.T) {
+	var out, errb bytes.Buffer
+	if got := status(run(context.Background(), []string{"-h"}, &out, &errb), &errb); got != 0 {
+		t.Errorf("-h: exit status %d, stderr %q", got, errb.String())
+	}
+	if !strings.Contains(errb.String(), "-test") || strings.Contains(errb.String(), "help requested") {
+		t.Errorf("-h printed %q, want the usage and no error", errb.String())
+	}
+	errb.Reset()
+	if got := status(run(context.Background(), []string{"-bogus"}, &out, &errb), &errb); got != 1 || !strings.Contains(errb.String(), "coll:") {
+		t.Errorf("-bogus: exit status %d, stderr %q", got, errb.String())
+	}
+}

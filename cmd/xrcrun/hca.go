@@ -28,7 +28,7 @@ func runHCA(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var (
 		name    = fs.String("name", "", "device `name` (required), as verbs lists it")
 		addr    = fs.String("addr", "", "the port's IP `address` (required): RoCEv2 uses UDP port 4791 on it, and the GID derives from it")
-		dir     = fs.String("dir", "", "runtime `directory` of the device socket (default: $"+softhca.RuntimeDirEnv+", else $XDG_RUNTIME_DIR/xrc, else /tmp/xrc-UID)") // "": Serve takes softhca.RuntimeDir()
+		dir     = fs.String("dir", "", "runtime `directory` of the device socket (default: $"+softhca.RuntimeDirEnv+", else $XDG_RUNTIME_DIR/xrc, else $TMPDIR/xrc-UID, TMPDIR defaulting to /tmp)") // "": Serve takes softhca.RuntimeDir()
 		mtu     = fs.Int("mtu", 4096, "port MTU: 256, 512, 1024, 2048 or 4096")
 		spin    = fs.Duration("spin", softhca.ProcessSpinIdle, "how long the engine keeps polling for work before it sleeps, giving the CPU to any other runnable thread between polls (0: it sleeps at once)")
 		loss    = fs.Float64("loss", 0, "fault injection: probability that a sent packet is dropped")
