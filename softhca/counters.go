@@ -41,7 +41,8 @@ type Counters struct {
 	// more after the host took in the oldest datagram they read: its
 	// answers to that datagram left that late, a delay a peer's transport
 	// timer sees as the link's. LateRoundNs adds up how late they were.
-	// Only datagrams from a UDP link count.
+	// A packet handed over without a socket (a Fabric's, or one the device
+	// sent itself) counts from its handing over.
 	LateRounds  atomic.Uint64
 	LateRoundNs atomic.Uint64
 
@@ -95,8 +96,8 @@ func (c *Counters) Each(f func(name, help string, v uint64)) {
 		{"retransmits", "Packets sent again.", &c.Retransmits},
 		{"ack_timeouts", "Transport timer expirations.", &c.AckTimeouts},
 		{"late_timeouts", "Transport timer expirations handled more than a timeout late, not counted as retries.", &c.LateTimeouts},
-		{"late_rounds", "Engine rounds that ended 10 ms or more after their oldest datagram reached the host.", &c.LateRounds},
-		{"late_round_ns", "Nanoseconds by which late rounds ended after their oldest datagram reached the host.", &c.LateRoundNs},
+		{"late_rounds", "Engine rounds that ended 10 ms or more after their oldest packet reached the host.", &c.LateRounds},
+		{"late_round_ns", "Nanoseconds by which late rounds ended after their oldest packet reached the host.", &c.LateRoundNs},
 		{"fault_drops", "Packets dropped by fault injection.", &c.FaultDrops},
 		{"fault_dups", "Packets duplicated by fault injection.", &c.FaultDups},
 		{"fault_reorders", "Packets held back by fault injection.", &c.FaultReorders},

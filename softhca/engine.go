@@ -28,10 +28,13 @@ type engine struct {
 	spin      time.Duration
 	spinYield bool // yield the thread, not only the goroutine, while spinning
 
-	qmu   sync.Mutex
-	rx    []*roce.Packet // guarded by qmu: packets delivered to the device
-	bells []doorbell     // guarded by qmu
-	rings []*bellSource  // guarded by qmu: the bell rings of other processes' clients
+	qmu sync.Mutex
+	rx  []*roce.Packet // guarded by qmu: packets delivered to the device
+	// rxSince is when the oldest packet in rx was delivered (wall clock
+	// nanoseconds). Guarded by qmu.
+	rxSince int64
+	bells   []doorbell    // guarded by qmu
+	rings   []*bellSource // guarded by qmu: the bell rings of other processes' clients
 
 	pending  atomic.Bool // work was queued since the engine last looked
 	sleeping atomic.Bool
@@ -68,9 +71,10 @@ type engine struct {
 	nowI  instant
 	epoch time.Time // instant 0: the clock when the engine was made
 	// rxStamp is when the host took in the oldest datagram the round read
-	// (the kernel's receive time, in wall clock nanoseconds), or 0: set by
-	// the link's poll, checked when the round's answers have left
-	// (noteLateRound).
+	// (the kernel's receive time, in wall clock nanoseconds), or was handed
+	// the oldest packet it took from rx (rxSince), or 0: set as the round
+	// gathers its work (the link's poll), checked when the round's answers
+	// have left (noteLateRound).
 	rxStamp int64
 	// Scratch space of warm.
 	warmAddrs []uintptr
@@ -152,6 +156,9 @@ func (e *engine) kick() {
 func (e *engine) deliver(p *roce.Packet) {
 	own(p)
 	e.qmu.Lock()
+	if len(e.rx) == 0 {
+		e.rxSince = time.Now().UnixNano()
+	}
 	e.rx = append(e.rx, p)
 	e.qmu.Unlock()
 	e.kick()
@@ -245,6 +252,9 @@ func (e *engine) loop() {
 	for {
 		e.pending.Store(false)
 		e.qmu.Lock()
+		if len(e.rx) > 0 {
+			e.rxStamp = e.rxSince // a fabric's, or the device's own, packets
+		}
 		e.rxWork, e.rx = e.rx, e.rxWork[:0]
 		e.bellWork, e.bells = e.bells, e.bellWork[:0]
 		for _, s := range e.rings {

@@ -294,7 +294,7 @@ func (l *udpLink) poll(out []*roce.Packet, max int) []*roce.Packet {
 		}
 		return out
 	}
-	if e := l.d.eng; e.rxStamp == 0 {
+	if e := l.d.eng; e.rxStamp == 0 || l.rdgs[0].Stamp < e.rxStamp {
 		e.rxStamp = l.rdgs[0].Stamp // the socket's queue is in order
 	}
 	for i, dg := range l.rdgs[:n] {
