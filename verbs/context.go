@@ -230,6 +230,12 @@ var eventNames = [...]string{
 	"SM_CHANGE", "SRQ_ERR", "SRQ_LIMIT_REACHED", "QP_LAST_WQE_REACHED", "CLIENT_REREGISTER", "GID_CHANGE",
 }
 
+// Error makes an event type an error, so that the error of an object an
+// event reported failed (a QP's QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR) can
+// wrap it for errors.Is. Events that report no failure are no errors:
+// callers wrap only those that do.
+func (t EventType) Error() string { return t.String() }
+
 func (t EventType) String() string {
 	if int(t) < len(eventNames) {
 		return eventNames[t]

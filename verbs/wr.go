@@ -109,6 +109,11 @@ var wcStatusNames = [numWCStatus]string{
 	"REM_ABORT_ERR", "INV_EECN_ERR", "INV_EEC_STATE_ERR", "FATAL_ERR", "RESP_TIMEOUT_ERR", "GENERAL_ERR",
 }
 
+// Error makes a status an error, so that a failed work request's error
+// can wrap its status for errors.Is (errors.Is(err, verbs.WCRetryExcErr)).
+// WCSuccess is no error: callers wrap only a status that is not.
+func (s WCStatus) Error() string { return s.String() }
+
 func (s WCStatus) String() string {
 	if s < numWCStatus {
 		return wcStatusNames[s]
