@@ -249,8 +249,9 @@ func (e *engine) pushed(from int, h header, body []byte) {
 }
 
 // PeerFailed fails what waits for rank (a world rank), which a transport
-// says it no longer carries traffic from (shm: its ring was corrupt), with
-// err: the receives posted for a message from it, and later ones (irecv),
+// says it no longer carries traffic from (shm: its ring was corrupt; rc,
+// xrc: a QP that carried its traffic failed), with err: the receives
+// posted for a message from it, and later ones (irecv),
 // probes of it once no message of its is queued (probe), the rendezvous
 // sends to it (whose finish cannot come; their buffers go back to their
 // callers though rank might still be reading them) and the receives it was

@@ -41,10 +41,17 @@ type Handler interface {
 }
 
 // PeerFailureHandler is a Handler that also hears of a peer a transport
-// stopped carrying traffic from, for good (shm: the peer's ring was found
-// corrupt). Sends to and Reads from that peer fail from then on; the
-// handler fails what waits for it. Progress calls PeerFailed once per
-// peer, when its Handler is one.
+// stopped carrying traffic from, for good: shm, the peer's ring was found
+// corrupt; rc, the QP toward the peer failed (a completion error: retries
+// or RNR retries exhausted, a remote access or operation error; a QP
+// error event; a lazy connection that could not be made); xrc, the TGT
+// QP that carries the peer's frames to this node failed, or this rank's
+// INI QP toward the peer's node did (then it can neither send to the
+// node's ranks, nor read from them, nor return their credits). Sends to
+// and Reads from that peer fail from then on, and no frame of its is
+// delivered after the call; the handler fails what waits for it. Progress
+// calls PeerFailed once per peer, when its Handler is one; err says why
+// (rc and xrc: it wraps the verbs.WCStatus or verbs.EventType that told).
 type PeerFailureHandler interface {
 	Handler
 	PeerFailed(rank int, err error)

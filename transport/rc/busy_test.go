@@ -63,4 +63,23 @@ func TestLazyRefusal(t *testing.T) {
 	if !strings.Contains(err.Error(), "could not bring its QP up") {
 		t.Fatalf("rank 0's send: %v", err)
 	}
+	// Both ranks hear of it once, as a peer failed (PeerFailureHandler):
+	// nothing will come through the connection.
+	deadline := time.Now().Add(10 * time.Second)
+	progress(t, ends, func() bool {
+		return len(ends[0].H.Failed[1]) > 0 && len(ends[1].H.Failed[0]) > 0 || time.Now().After(deadline)
+	})
+	for range 100 {
+		for _, e := range ends {
+			if _, err := e.Tr.Progress(e.H); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for r, want := range []string{"could not bring its QP up", "no QP today"} {
+		errs := ends[r].H.Failed[1-r]
+		if len(ends[r].H.Failed) != 1 || len(errs) != 1 || !strings.Contains(errs[0].Error(), want) {
+			t.Errorf("rank %d heard of failures %v; want rank %d once, %q", r, ends[r].H.Failed, 1-r, want)
+		}
+	}
 }

@@ -21,6 +21,22 @@
 // toward a peer, through write-once keys of the bootstrap server (see
 // lazy.go).
 //
+// # Failures
+//
+// A QP that fails fails its peer for good (there is no reconnection): a
+// completion in error (transport or RNR retries exhausted, a remote
+// access or operation error), a QP error event (the QP failed as a
+// responder: a request it refused; the only word of it when this rank had
+// no work on the QP), or a lazy connection that could not be made or was
+// refused. Every later TrySend and Read toward the peer returns the
+// error, its reads in flight end with it, and a Handler that is a
+// transport.PeerFailureHandler hears of it once, from the first Progress
+// whose poll left the CQ empty (the frames that came before are delivered
+// first; none is after). The error names the rank and wraps the
+// verbs.WCStatus or verbs.EventType that told. A peer that just stops
+// (its process or node gone) is noticed when work toward it runs out of
+// retries: a rank that only waits for it sends nothing and hears nothing.
+//
 // # Memory
 //
 // The transport owns every object it creates on the caller's device (PD,

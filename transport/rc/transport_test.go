@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -447,4 +448,63 @@ func TestPeerFails(t *testing.T) {
 func TestAfterClose(t *testing.T) {
 	ends := job(t, twoDevices(t), nil)
 	transporttest.AfterClose(t, ends[0].Tr, 1)
+}
+
+// TestPeerFailedReported: a connection that fails for good is reported to
+// a transport.PeerFailureHandler once, on both sides, with an error that
+// says why. A read with a key rank 1 never gave breaks it: rank 0 learns
+// from the read's completion (REM_ACCESS_ERR), rank 1, which has no work
+// of its own on the QP, only from the QP's async event (QP_ACCESS_ERR).
+// Before, neither heard of it: comm's receives from the peer waited for
+// ever.
+func TestPeerFailedReported(t *testing.T) {
+	ends := job(t, twoDevices(t), nil)
+	stream(t, ends, 10) // frames both ways before the failure are delivered
+	buf := make([]byte, 4096)
+	rm, err := ends[1].Tr.Expose(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := append(transport.Remote(nil), rm...)
+	binary.LittleEndian.PutUint32(forged[16:], binary.LittleEndian.Uint32(rm[16:])^0xff00)
+	if err := ends[0].Tr.Read(1, make([]byte, 100), forged, 5); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	progress(t, ends, func() bool {
+		if time.Now().After(deadline) {
+			t.Fatalf("no peer failure reported in 10 s: rank 0 heard %v, rank 1 %v", ends[0].H.Failed, ends[1].H.Failed)
+		}
+		return len(ends[0].H.Failed[1]) > 0 && len(ends[1].H.Failed[0]) > 0
+	})
+	// More progress reports nothing more.
+	for range 100 {
+		for _, e := range ends {
+			if _, err := e.Tr.Progress(e.H); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	check := func(r, peer int, cause error) {
+		t.Helper()
+		errs := ends[r].H.Failed
+		if len(errs) != 1 || len(errs[peer]) != 1 {
+			t.Fatalf("rank %d heard of failures %v; want rank %d once", r, errs, peer)
+		}
+		err := errs[peer][0]
+		if !errors.Is(err, cause) || !strings.Contains(err.Error(), fmt.Sprintf("rc: rank %d:", peer)) {
+			t.Errorf("rank %d: rank %d failed with %q; want it to name the rank and wrap %v", r, peer, err, cause)
+		}
+		if _, err := ends[r].Tr.TrySend(peer, []byte("x")); err == nil {
+			t.Errorf("rank %d: a send to failed rank %d", r, peer)
+		}
+		if err := ends[r].Tr.Read(peer, make([]byte, 10), forged, 6); err == nil {
+			t.Errorf("rank %d: a read from failed rank %d", r, peer)
+		}
+	}
+	check(0, 1, verbs.WCRemAccessErr)
+	check(1, 0, verbs.EventQPAccessErr)
+	if err := ends[1].Tr.Unexpose(rm); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -24,6 +24,37 @@
 // or Read toward a node, through write-once keys of the bootstrap server
 // (lazy.go).
 //
+// # Failures
+//
+// Failures are for good, as with rc, and a Handler that is a
+// transport.PeerFailureHandler hears once of every peer this rank can no
+// longer hear from (verbsx.Endpoint's Progress). Two kinds of QP carry a
+// peer's traffic, and both count:
+//
+//   - The TGT QP of a peer's INI QP, the node's (an async error event, to
+//     every rank of the node that holds it): nothing more comes from that
+//     peer to any rank of this node. The peer is failed; its own INI QP,
+//     which the TGT QP no longer answers, fails too (at once on the NAK
+//     of a refused request, else when its retries run out), so it can no
+//     longer take this rank's credits or replies either: sends to it and
+//     reads from it fail as well, though this rank's INI QP toward its
+//     node still carries the traffic toward its other ranks.
+//   - This rank's INI QP toward a node (a completion in error, an error
+//     event, a lazy connection that failed): every rank of the node is
+//     failed. Their frames could still come, through their INI QPs, but
+//     this rank cannot send to them, read their rendezvous payloads or
+//     return them credits, so each stops once its share is used up, and a
+//     protocol that needs an answer (rendezvous) cannot finish: a receive
+//     from them could wait for ever. What they send after the report is
+//     dropped, so that the handler is told the truth (nothing more comes).
+//
+// One rank that dies or misbehaves can so cut a node off from a remote
+// rank: an INI QP that names an SRQ gone with its rank (a Remote Access
+// NAK) fails toward all the ranks of that node, as XRC shares the QP. That
+// is the price of c(N−1) QPs instead of c²(N−1); the report says which
+// QP failed and why (the error wraps the verbs.WCStatus or
+// verbs.EventType).
+//
 // # Memory
 //
 // The transport owns every object it creates on the caller's device (XRC

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"hash/crc64"
 	"testing"
+	"time"
 
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/transport"
@@ -332,4 +333,59 @@ func TestReadNamesSRQ(t *testing.T) {
 func TestAfterClose(t *testing.T) {
 	j := job(t, []int{0, 1}, false, softhca.Faults{}, nil)
 	transporttest.AfterClose(t, j.ends[0].Tr, 1)
+}
+
+// TestPeerFailedReported: a frame from rank 0 naming an SRQ that is in no
+// domain of node 1 fails, at node 1, the TGT QP of rank 0's INI QP (a
+// Remote Access NAK, QP_ACCESS_ERR to both ranks of node 1, which share
+// it) and so rank 0's INI QP toward node 1. Each rank that can no longer
+// hear from a peer is told once (transport.PeerFailureHandler): ranks 1
+// and 3 of rank 0 (nothing more comes from it: its TGT QP failed), rank
+// 0 of ranks 1 and 3 (its INI QP toward their node failed: it can send
+// nothing to them, read nothing from them, return them no credits).
+// Rank 2 hears nothing, and the traffic between it and node 1 goes on.
+// Before, no rank heard anything.
+func TestPeerFailedReported(t *testing.T) {
+	j := job(t, twoByTwo, false, softhca.Faults{}, nil)
+	ends := j.ends
+	transporttest.OneWay(t, ends, 0, 1, 5)
+	ends[0].Tr.peers[1].SRQN = 0xfffffe
+	if ok, err := ends[0].Tr.TrySend(1, []byte("x")); !ok || err != nil {
+		t.Fatalf("send: %v, %v", ok, err)
+	}
+	heard := func(r, peer int) bool { return len(ends[r].H.Failed[peer]) > 0 }
+	deadline := time.Now().Add(10 * time.Second)
+	progress(t, ends, func() bool {
+		return heard(0, 1) && heard(0, 3) && heard(1, 0) && heard(3, 0) || time.Now().After(deadline)
+	})
+	transporttest.OneWay(t, ends, 2, 1, 5)
+	transporttest.OneWay(t, ends, 1, 2, 5)
+	transporttest.OneWay(t, ends, 3, 2, 5)
+	for range 100 {
+		for _, e := range ends {
+			if _, err := e.Tr.Progress(e.H); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := []struct {
+		rank  int
+		peers []int
+		cause error
+	}{{0, []int{1, 3}, verbs.WCRemAccessErr}, {1, []int{0}, verbs.EventQPAccessErr}, {2, nil, nil}, {3, []int{0}, verbs.EventQPAccessErr}}
+	for _, w := range want {
+		failed := ends[w.rank].H.Failed
+		if len(failed) != len(w.peers) {
+			t.Errorf("rank %d heard of failures %v; want ranks %v", w.rank, failed, w.peers)
+		}
+		for _, p := range w.peers {
+			if errs := failed[p]; len(errs) != 1 || !errors.Is(errs[0], w.cause) {
+				t.Errorf("rank %d heard of rank %d failing %v; want once, with %v", w.rank, p, errs, w.cause)
+				continue
+			}
+			if _, err := ends[w.rank].Tr.TrySend(p, []byte("x")); err == nil {
+				t.Errorf("rank %d: a send to failed rank %d", w.rank, p)
+			}
+		}
+	}
 }

@@ -26,14 +26,20 @@ func (k *Kicker) Kick() {
 }
 
 // Handler records what Progress delivers: copies of the frames by sender,
-// in order, and the reads' errors by cookie.
+// in order, the reads' errors by cookie, and the errors of the peers
+// failed (transport.PeerFailureHandler), each call's, by rank.
 type Handler struct {
 	Frames map[int][][]byte
 	Reads  map[uint64]error
+	Failed map[int][]error
 }
 
+var _ transport.PeerFailureHandler = (*Handler)(nil)
+
 // NewHandler makes an empty Handler.
-func NewHandler() *Handler { return &Handler{Frames: map[int][][]byte{}, Reads: map[uint64]error{}} }
+func NewHandler() *Handler {
+	return &Handler{Frames: map[int][][]byte{}, Reads: map[uint64]error{}, Failed: map[int][]error{}}
+}
 
 // Deliver records a copy of f.
 func (h *Handler) Deliver(rank int, f []byte) {
@@ -42,6 +48,9 @@ func (h *Handler) Deliver(rank int, f []byte) {
 
 // ReadDone records err.
 func (h *Handler) ReadDone(cookie uint64, err error) { h.Reads[cookie] = err }
+
+// PeerFailed records err.
+func (h *Handler) PeerFailed(rank int, err error) { h.Failed[rank] = append(h.Failed[rank], err) }
 
 // Progresser is what an End drives: a transport, or verbsx's Endpoint.
 type Progresser interface {

@@ -84,26 +84,48 @@ func (c *Conn) postError(p *Peer, what string, err error) error {
 }
 
 // Fail marks c failed with err (which names whom c reaches): every later
-// call toward its peers returns err, and its queued reads end with it.
+// call toward its peers returns err, its queued reads end with it, and
+// Progress reports each of its peers failed (FailPeer).
 func (e *Endpoint) Fail(c *Conn, err error) {
 	if c.state == ConnFailed {
 		return
-	}
-	ranks := 0
-	for _, p := range e.peers {
-		if p != nil && p.Conn == c {
-			ranks++
-		}
 	}
 	if c.node {
 		e.log.Error("node failed", "node", c.id, "err", err)
 	} else {
 		e.log.Error("peer failed", "peer", c.id, "err", err)
 	}
-	e.m.PeerErrors.Add(float64(ranks))
 	c.state, c.err = ConnFailed, err
 	e.Core.Reads.Fail(c.pending, err)
 	c.pending = nil
+	for _, p := range e.peers {
+		if p != nil && p.Conn == c {
+			e.failPeer(p, err)
+		}
+	}
+}
+
+// FailPeer marks p failed with err (which names it) while its Conn may
+// still carry traffic toward others (XRC: the TGT QP p's frames come
+// through failed): every later call toward p returns err, and Progress
+// reports p failed. Its reads already posted end as their completions
+// come.
+func (e *Endpoint) FailPeer(p *Peer, err error) {
+	if p.err == nil {
+		e.log.Error("peer failed", "peer", p.Rank, "err", err)
+	}
+	e.failPeer(p, err)
+}
+
+// failPeer marks p failed with err, the first time, and queues it for
+// Progress to report (report).
+func (e *Endpoint) failPeer(p *Peer, err error) {
+	if p.err != nil {
+		return
+	}
+	p.err = err
+	e.m.PeerErrors.Inc()
+	e.failed = append(e.failed, p)
 }
 
 // Peer is a remote rank: the Conn toward it, the SRQ its frames and reads
@@ -123,7 +145,17 @@ type Peer struct {
 	cr      Credits
 	credits uint32 // the frames it may hold unconsumed from this rank: its share
 	dirty   bool   // has credits to return (in Endpoint.dirtyPeers)
+
+	// err is why p failed for good (its Conn's error, or FailPeer's):
+	// every later call toward p returns it. reported says Progress told a
+	// transport.PeerFailureHandler; frames of p that come later are
+	// dropped.
+	err      error
+	reported bool
 }
+
+// Err is why p failed for good, or nil.
+func (p *Peer) Err() error { return p.err }
 
 // Ready reports whether frames may go to p now.
 func (p *Peer) Ready() bool { return p.Acked && p.Conn.up() }

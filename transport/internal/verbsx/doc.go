@@ -8,7 +8,9 @@
 //     depend on the connection type (TrySend, Read, Expose, Unexpose,
 //     Progress, Reaches, MaxEager) over Conns (a send QP and the work
 //     queued on it: RC's QP, XRC's INI QP) and Peers (a remote rank, its
-//     Conn, its SRQ number, its credits) and failing a Conn (conn.go);
+//     Conn, its SRQ number, its credits) and failing a Conn, which fails
+//     its Peers, or a Peer alone (conn.go); the QP error events, and the
+//     report of failed Peers to a transport.PeerFailureHandler;
 //     completions and the Conns and Peers with work left for Progress
 //     (progress.go), sends and credit messages (send.go), reads
 //     (read.go), making and connecting a Conn's QP (connect.go, qp.go),

@@ -77,6 +77,12 @@ type Endpoint struct {
 	byRecv     map[uint32]*Peer // by the QPN receive completions name
 	dirtyConns []*Conn          // Conns with reads to post
 	dirtyPeers []*Peer          // Peers with credits to return
+	failed     []*Peer          // Peers failed, for Progress to report
+
+	// qpErrs are the QPs the async events said failed, for Progress
+	// (WatchEvents appends; guarded by qpErrMu).
+	qpErrMu sync.Mutex
+	qpErrs  []qpErr
 
 	kick    func()
 	dev     *verbs.Context
@@ -135,7 +141,7 @@ func (e *Endpoint) Run() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
 	e.wg.Go(func() { WatchCQ(ctx, e.Core.Ch, &e.armed, e.kick, e.log, e.m) })
-	e.wg.Go(func() { WatchEvents(ctx, e.dev, e.Core.Recv, e.kick, e.log, e.m) })
+	e.wg.Go(func() { WatchEvents(ctx, e.dev, e.Core.Recv, e.qpFailed, e.kick, e.log, e.m) })
 	return ctx
 }
 

@@ -116,8 +116,8 @@ func (s *stub) Apply() {
 // TestNodeFails: the Conn toward a node is that of all its ranks. When
 // it fails (here: its lazy connection), every rank of the node fails
 // with the error, which names the node: the reads queued toward any of
-// them end with it, and so does every later call toward them. The ranks
-// of another node go on.
+// them end with it, so does every later call toward them, and Progress
+// reports each failed once. The ranks of another node go on.
 func TestNodeFails(t *testing.T) {
 	_, c := newDevice(t, softhca.Faults{})
 	peers := nodePeers()
@@ -159,6 +159,21 @@ func TestNodeFails(t *testing.T) {
 	}
 	if n := count(t, x.Tr.m.PeerErrors); n != 2 {
 		t.Errorf("%v peer errors, want the 2 ranks of node 1", n)
+	}
+	// Progress told the handler (a transport.PeerFailureHandler) of both
+	// ranks of node 1, once each, and of no other.
+	for range 10 {
+		if _, err := x.Tr.Progress(x.H); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(x.H.Failed) != 2 {
+		t.Errorf("failed peers reported: %v; want ranks 1 and 2", x.H.Failed)
+	}
+	for rank := 1; rank <= 2; rank++ {
+		if errs := x.H.Failed[rank]; len(errs) != 1 || !errors.Is(errs[0], boom) {
+			t.Errorf("rank %d reported failed %v; want once, with %v", rank, errs, boom)
+		}
 	}
 
 	// Node 2 is still connecting: its read waits, frames wait.

@@ -39,9 +39,11 @@ func WatchCQ(ctx context.Context, ch *verbs.CompChannel, armed *atomic.Bool, kic
 // event means the peers' frames use up the receive buffers faster than the
 // rank delivers them (possible when the credits overcommit the SRQ): it
 // posts the free buffers at once and wakes the rank, whose Progress arms
-// the limit again (RecvPool.Rearm). QP errors are logged and wake the
-// rank; their completions fail the peers.
-func WatchEvents(ctx context.Context, dev *verbs.Context, recv *RecvPool, kick func(), log *slog.Logger, m *Metrics) {
+// the limit again (RecvPool.Rearm). QP errors are logged, handed to
+// qpErr (QP_FATAL, QP_REQ_ERR and QP_ACCESS_ERR, the QP having gone to the
+// error state) and wake the rank.
+func WatchEvents(ctx context.Context, dev *verbs.Context, recv *RecvPool, qpErr func(qpn uint32, ev verbs.EventType),
+	kick func(), log *slog.Logger, m *Metrics) {
 	for {
 		ev, err := dev.GetAsyncEvent(ctx)
 		if err != nil {
@@ -65,6 +67,12 @@ func WatchEvents(ctx context.Context, dev *verbs.Context, recv *RecvPool, kick f
 				qpn = ev.QP.Num()
 			}
 			log.Error("device event", "event", ev.Type, "qpn", qpn)
+			switch ev.Type {
+			case verbs.EventQPFatal, verbs.EventQPReqErr, verbs.EventQPAccessErr:
+				if ev.QP != nil {
+					qpErr(qpn, ev.Type)
+				}
+			}
 			kick()
 		default:
 			log.Debug("device event", "event", ev.Type)

@@ -7,12 +7,14 @@ import (
 	"github.com/xrcrun/xrc/verbs"
 )
 
-// Progress applies what the lazy connector learned, then polls the CQ: it
-// delivers received frames to h (in the order each rank sent them: one
-// QP per sender, in order), takes credits back, frees send buffers and
-// send queue entries, finishes reads (ReadDone), then reposts receive
-// buffers, posts waiting reads and returns credits. The handler may call
-// TrySend and Read. It returns how many frames and reads it delivered.
+// Progress applies what the lazy connector and the async events learned,
+// then polls the CQ: it delivers received frames to h (in the order each
+// rank sent them: one QP per sender, in order), takes credits back, frees
+// send buffers and send queue entries, finishes reads (ReadDone), then
+// reposts receive buffers, posts waiting reads and returns credits. Last,
+// if h is a transport.PeerFailureHandler, it reports the peers that failed
+// for good since (report). The handler may call TrySend and Read. It
+// returns how many frames, reads and failed peers it delivered.
 func (e *Endpoint) Progress(h transport.Handler) (int, error) {
 	if e.stopped {
 		return 0, e.errClosed("progress")
@@ -20,6 +22,7 @@ func (e *Endpoint) Progress(h transport.Handler) (int, error) {
 	if e.Lazy != nil {
 		e.Lazy.Apply()
 	}
+	e.applyQPErrs()
 	n := e.Core.Reads.Finish(h)
 	k, more, err := e.Core.Poll(func(wc *verbs.WorkCompletion) int { return e.complete(h, wc) }, e.m)
 	n += k
@@ -57,7 +60,70 @@ func (e *Endpoint) Progress(h transport.Handler) (int, error) {
 	clear(e.dirtyPeers[len(owe):])
 	e.dirtyPeers = owe
 	n += e.Core.Reads.Finish(h)
+	if !more {
+		n += e.report(h)
+	}
 	return n, nil
+}
+
+// report tells h, if it is a transport.PeerFailureHandler, of the peers
+// that failed since the last report, once each, and returns how many.
+// Progress reports only once its poll left the CQ empty: the frames a
+// peer's QP completed before it failed are delivered first (those
+// completions precede a failure that a completion reports, but maybe not
+// one an async event reports). Frames of a peer that come after its
+// report are dropped (received): the handler was told nothing more comes.
+// While the handler is no PeerFailureHandler the failures wait.
+func (e *Endpoint) report(h transport.Handler) int {
+	pf, ok := h.(transport.PeerFailureHandler)
+	if !ok || len(e.failed) == 0 {
+		return 0
+	}
+	failed := e.failed
+	e.failed = nil
+	for _, p := range failed {
+		p.reported = true
+		pf.PeerFailed(p.Rank, p.err)
+	}
+	return len(failed)
+}
+
+// qpErr is a QP that an async event said failed.
+type qpErr struct {
+	qpn uint32
+	ev  verbs.EventType
+}
+
+// qpFailed queues qpn, which the async event ev said failed, for
+// Progress (WatchEvents calls it).
+func (e *Endpoint) qpFailed(qpn uint32, ev verbs.EventType) {
+	e.qpErrMu.Lock()
+	e.qpErrs = append(e.qpErrs, qpErr{qpn, ev})
+	e.qpErrMu.Unlock()
+}
+
+// applyQPErrs fails what the QPs that async events said failed carried.
+// A QP in the error state carries nothing more, and may tell nothing more
+// either: a QP that fails as a responder (a request it refused: a bad
+// key, an XRC SRQ not in its domain) completes no work of this rank's if
+// none was posted on it. A Conn's QP fails the Conn (RC's QP: the peer's
+// traffic both ways); a receive QP that is no Conn's (XRC's TGT QP of a
+// peer's INI QP) fails the peer whose frames it carried: nothing more
+// comes from it, to any rank of this node (the TGT QP is the node's), so
+// calls toward it fail too, as the peer's own INI QP, refused, failed
+// (FailPeer). A QP of neither (closed since) is ignored.
+func (e *Endpoint) applyQPErrs() {
+	e.qpErrMu.Lock()
+	errs := e.qpErrs
+	e.qpErrs = nil
+	e.qpErrMu.Unlock()
+	for _, q := range errs {
+		if c := e.bySend[q.qpn]; c != nil {
+			e.Fail(c, c.Errorf("QP %#x failed: %w", q.qpn, q.ev))
+		} else if p := e.byRecv[q.qpn]; p != nil {
+			e.FailPeer(p, fmt.Errorf("%s: rank %d: receive QP %#x failed: %w", e.name, p.Rank, q.qpn, q.ev))
+		}
+	}
 }
 
 // complete handles one completion and returns 1 if it delivered a frame.
@@ -79,7 +145,7 @@ func (e *Endpoint) complete(h transport.Handler, wc *verbs.WorkCompletion) int {
 		if wc.Status == verbs.WCRNRRetryExcErr {
 			e.m.RNRExceeded.Inc()
 		}
-		err = c.Errorf("%v completion: %v", wrName(wc.WRID), wc.Status)
+		err = c.Errorf("%v completion: %w", wrName(wc.WRID), wc.Status)
 		if wc.Status != verbs.WCWRFlushErr || c.state != ConnFailed {
 			e.Fail(c, err)
 		}
@@ -122,6 +188,11 @@ func (e *Endpoint) received(h transport.Handler, wc *verbs.WorkCompletion, i uin
 	if p == nil || wc.Flags&verbs.WCWithImm == 0 || int(wc.ByteLen) > recv.Size {
 		e.m.Bad.Inc()
 		e.log.Warn("dropped a receive", e.recvKey, wc.QPNum, "bytes", wc.ByteLen, "flags", wc.Flags)
+		return 0
+	}
+	if p.reported {
+		// Reported failed (report): the handler hears nothing more of p.
+		e.log.Debug("dropped a frame of a failed peer", "peer", p.Rank, "bytes", wc.ByteLen)
 		return 0
 	}
 	if !p.cr.Received(wc.Imm) {

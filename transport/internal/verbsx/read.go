@@ -27,6 +27,9 @@ func (e *Endpoint) Read(rank int, dst []byte, src transport.Remote, cookie uint6
 		return fmt.Errorf("%w: %d bytes from rank %d", transport.ErrBadRemote, len(dst), rank)
 	}
 	c := p.Conn
+	if p.err != nil {
+		return p.err
+	}
 	if c.state == ConnFailed {
 		return c.err
 	}

@@ -68,6 +68,8 @@ func (e *Endpoint) TrySend(rank int, parts ...[]byte) (bool, error) {
 // connection if there is none, and the error of p's Conn if it failed.
 func (e *Endpoint) ready(p *Peer) (bool, error) {
 	switch {
+	case p.err != nil:
+		return false, p.err
 	case p.Conn.state == ConnFailed:
 		return false, p.Conn.err
 	case p.Ready():
@@ -90,7 +92,7 @@ func (e *Endpoint) connect(p *Peer) error {
 // its frames since it last said so. Called by Progress for dirty peers;
 // reports whether p still owes.
 func (e *Endpoint) returnCredits(p *Peer) bool {
-	if p.cr.Owed() < e.refund {
+	if p.cr.Owed() < e.refund || p.err != nil {
 		return false
 	}
 	c := p.Conn
