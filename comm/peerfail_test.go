@@ -9,6 +9,7 @@ import (
 
 	"github.com/xrcrun/xrc/bootstrap"
 	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/verbs"
 )
 
 // TestFailedPeerBacklog: rank 0's connection to rank 1 fails (rank 1's
@@ -121,6 +122,50 @@ func TestLazyPeerGoneBeforeReady(t *testing.T) {
 				if err := c.Finalize(ctx); ctx.Err() != nil {
 					t.Fatalf("rank %d: finalize after the abort did not return: %v", r, err)
 				}
+			}
+		})
+	}
+}
+
+// TestRecvFromFailedPeer: rank 0's connection to rank 1 fails (rank 1's
+// node drops every packet it sends, so nothing rank 0 sends is
+// acknowledged, and the QP, over RC, or the INI QP toward rank 1's node,
+// over XRC, runs out of retries). A receive from rank 1 posted before,
+// and one posted after, fail with the QP's error. Before, rc and xrc never
+// told comm (transport.PeerFailureHandler): the receives waited until
+// their context ended, for ever with context.Background().
+func TestRecvFromFailedPeer(t *testing.T) {
+	for _, tr := range []string{"rc", "xrc"} {
+		t.Run(tr, func(t *testing.T) {
+			comms, devs := worldDevs(t, 2, layout{nodeOf: func(r int) int { return r }, transport: tr})
+			c0 := comms[0]
+			// The guard: the QP fails after its retries, some seconds on.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			early, err := c0.Irecv(make([]byte, 8), 1, 9)
+			if err != nil {
+				t.Fatal(err)
+			}
+			devs[1].SetFaults(softhca.Faults{Loss: 1, Seed: 1})
+			send, err := c0.Isend([]byte("x"), 1, 7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			_, err = early.Wait(ctx)
+			if err == nil || ctx.Err() != nil {
+				t.Fatalf("the receive from rank 1, whose connection failed: %v after %v; want the connection's error",
+					err, time.Since(start))
+			}
+			if !errors.Is(err, verbs.WCRetryExcErr) {
+				t.Errorf("the receive from rank 1: %v; want it to wrap %v", err, verbs.WCRetryExcErr)
+			}
+			t.Logf("after %v: %v", time.Since(start), err)
+			if _, err := c0.Recv(ctx, make([]byte, 8), 1, 10); err == nil || ctx.Err() != nil {
+				t.Fatalf("a receive from rank 1 posted after its failure: %v", err)
+			}
+			if _, err := send.Wait(ctx); ctx.Err() != nil {
+				t.Fatalf("the send to rank 1 never completed: %v", err)
 			}
 		})
 	}
