@@ -389,3 +389,46 @@ func TestPeerFailedReported(t *testing.T) {
 		}
 	}
 }
+
+// TestINIFailureDropsLaterFrames: when rank 0's INI QP toward node 1
+// fails, ranks 1 and 3 are reported failed though their own INI QPs
+// toward node 0 still work: rank 0 can no longer return their credits
+// nor answer them. Their frames that came before the report are
+// delivered; those after it are dropped, as the handler was told nothing
+// more comes from them. Rank 2, on rank 0's node, still gets them.
+func TestINIFailureDropsLaterFrames(t *testing.T) {
+	j := job(t, twoByTwo, false, softhca.Faults{}, nil)
+	ends := j.ends
+	transporttest.OneWay(t, ends, 1, 0, 3)
+	tr := ends[0].Tr
+	boom := errors.New("boom")
+	n1 := tr.peers[1].node
+	tr.e.Fail(&n1.ini, n1.ini.Errorf("test: %w", boom))
+	if _, err := tr.Progress(ends[0].H); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []int{1, 3} {
+		if errs := ends[0].H.Failed[r]; len(errs) != 1 || !errors.Is(errs[0], boom) {
+			t.Fatalf("rank 0 heard of rank %d failing %v; want once, with %v", r, errs, boom)
+		}
+	}
+	for i := range 3 {
+		if ok, err := ends[1].Tr.TrySend(0, pattern(100+i, 8)); !ok || err != nil {
+			t.Fatalf("rank 1's send %d to rank 0: %v, %v", i, ok, err)
+		}
+	}
+	transporttest.OneWay(t, ends, 1, 2, 3) // after rank 1's sends to rank 0, on the same INI QP
+	for range 100 {
+		for _, e := range ends {
+			if _, err := e.Tr.Progress(e.H); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := len(ends[0].H.Frames[1]); n != 3 {
+		t.Errorf("rank 0 got %d frames of rank 1; want the 3 sent before its report", n)
+	}
+	if n := len(ends[0].H.Failed); n != 2 {
+		t.Errorf("rank 0 heard of failures %v; want ranks 1 and 3 once", ends[0].H.Failed)
+	}
+}
