@@ -150,6 +150,55 @@ func TestAbortErrorAs(t *testing.T) {
 	}
 }
 
+// TestAbortEndsTestLoop: once the job is aborted, a request that nothing
+// will complete ends a loop of Tests (and Testall) with the abort's
+// error, and later calls that wait for nothing (Isend, Irecv, Iprobe)
+// fail with it too, as Abort's doc says of every rank's pending and
+// later calls. Test said "not done, no error" for good, and Isend and
+// Iprobe succeeded.
+func TestAbortEndsTestLoop(t *testing.T) {
+	comms := world(t, 2, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := comms[0]
+	r, err := c.Irecv(make([]byte, 8), 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := comms[1].boot.Abort(ctx, "test"); err != nil { // Abort, less its os.Exit
+		t.Fatal(err)
+	}
+	var ae *bootstrap.AbortError
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		done, _, err := r.Test()
+		if done {
+			if !errors.As(err, &ae) || ae.Rank != 1 {
+				t.Errorf("Test of a receive pending at the abort: %v, want a *bootstrap.AbortError of rank 1", err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a receive pending at the abort: Test says not done, %v, 10 s after", err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if !Testall(r) {
+		t.Error("Testall of a request pending at the abort: false")
+	}
+	_, isendErr := c.Isend([]byte{1}, 1, 0)
+	_, irecvErr := c.Irecv(make([]byte, 1), 1, 0)
+	_, _, iprobeErr := c.Iprobe(AnySource, AnyTag)
+	for what, err := range map[string]error{"Isend": isendErr, "Irecv": irecvErr, "Iprobe": iprobeErr} {
+		if !errors.As(err, &ae) {
+			t.Errorf("%s in an aborted job: %v, want a *bootstrap.AbortError", what, err)
+		}
+	}
+	for _, c := range comms {
+		c.Finalize(ctx) // fails: the job is gone
+	}
+}
+
 // TestSendContextStillSends: a small Send whose context ends while its
 // message waits for room in the receiver's buffers returns the context's
 // error, but the message, copied, still goes (Send's doc).

@@ -430,7 +430,7 @@ func (c *Comm) Finalize(ctx context.Context) error {
 		e.counted = false
 		engines.Add(-1)
 	}
-	e.failPending()
+	e.failPending(ErrFinalized, true)
 	e.mu.Unlock()
 	<-e.token
 	return errors.Join(err, c.boot.Close())
@@ -804,7 +804,8 @@ func (c *Comm) agreeContext(ctx context.Context, cc *Comm, tag int, n *Comm, col
 }
 
 // usable returns the error of a call on c, if c can take none: its rank
-// has finalized, or c was freed. The engine's lock is held.
+// has finalized, the job has ended (an abort, a lost server), or c was
+// freed. The engine's lock is held.
 func (c *Comm) usable() error {
 	switch {
 	case c.e.closed:
@@ -812,7 +813,7 @@ func (c *Comm) usable() error {
 	case c.freed:
 		return ErrFreed
 	}
-	return nil
+	return c.e.fatal()
 }
 
 // Free releases c, a communicator made by Dup or Split: the rank forgets

@@ -218,6 +218,12 @@ func (e *engine) progressOnce() {
 		if _, err := e.progress(); err != nil && !errors.Is(err, ErrFinalized) {
 			e.log.Error("progress", "err", err)
 		}
+		// After the job's end nothing completes what waits for the
+		// other ranks: a Test loop would never end (a Wait returns
+		// the error at once, await).
+		if err := e.fatal(); err != nil {
+			e.failPending(err, false)
+		}
 		e.mu.Unlock()
 		<-e.token
 	default:
@@ -288,12 +294,15 @@ func (e *engine) await(ctx context.Context, cond func() bool, chans func() []<-c
 }
 
 // failPending completes every request still in the engine's queues with
-// ErrFinalized, so that a Test loop ends too; the transports are closed
-// and the lock is held.
-func (e *engine) failPending() {
+// err, so that a Test loop ends too. Finalize calls it with ErrFinalized
+// once the transports are closed; progressOnce with the job's end (an
+// abort, a lost server) while they still run, leaving the receives being
+// pulled (pulls false): a transport may still write their buffers, and
+// completes them. The lock is held.
+func (e *engine) failPending(err error, pulls bool) {
 	fail := func(r *Request) {
 		if r != nil && !r.isDone() {
-			r.complete(Status{}, ErrFinalized)
+			r.complete(Status{}, err)
 		}
 	}
 	for ctx, q := range e.posted {
@@ -307,6 +316,9 @@ func (e *engine) failPending() {
 		delete(e.sends, id)
 	}
 	for id, r := range e.pulls {
+		if !pulls {
+			break
+		}
 		fail(r)
 		delete(e.pulls, id)
 	}
