@@ -99,7 +99,7 @@ type Config struct {
 	// Bootstrap and Env are the rank's rendezvous client and what its
 	// launcher said, given together; a nil Bootstrap means
 	// bootstrap.FromEnv, and Env is then ignored. Finalize closes the
-	// client.
+	// client; an Init that fails closes the one it made (not one given).
 	Bootstrap *bootstrap.Client
 	Env       *bootstrap.Env
 	// Dir holds the shared-memory inboxes: XRC_RUNTIME_DIR if set, else
@@ -176,6 +176,9 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	boot, env := cfg.Bootstrap, cfg.Env
+	// leave closes the client Init made, if it fails after the join:
+	// nobody else can, and the job learns that this rank is gone.
+	leave := func(err error) error { return err }
 	if boot == nil {
 		var err error
 		var e bootstrap.Env
@@ -183,6 +186,7 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 			return nil, err
 		}
 		env = &e
+		leave = func(err error) error { return errors.Join(err, boot.Close()) }
 	}
 	if env == nil {
 		return nil, errors.New("comm: Config.Bootstrap without Config.Env")
@@ -215,7 +219,7 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 	sh, err := shm.New(shm.Config{Dir: cfg.Dir, JobID: jobID, Rank: env.Rank, LocalRank: env.LocalRank, LocalSize: env.LocalSize,
 		NoPull: cfg.NoPull || os.Getenv("XRC_SHM_NOPULL") == "1", Logger: cfg.Logger, Registerer: cfg.Registerer})
 	if err != nil {
-		return nil, err
+		return nil, leave(err)
 	}
 	members := boot.Members()
 	nodes := make([]int, len(members))
@@ -237,7 +241,7 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 		if dev != nil {
 			err = errors.Join(err, dev.Close())
 		}
-		return nil, errors.Join(err, sh.Close())
+		return nil, leave(errors.Join(err, sh.Close()))
 	}
 	own := [][]byte{sh.Record()}
 	if multi {
