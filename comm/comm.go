@@ -107,6 +107,7 @@ type Config struct {
 	Dir string
 	// EagerLimit is the largest message sent eagerly (XRC_EAGER_LIMIT;
 	// default: as much as the transport's frame allows, at most 8 KiB).
+	// Negative: only empty messages, as 0 (which XRC_EAGER_LIMIT can say).
 	EagerLimit int
 	// Spin is how long a waiting rank polls before it sleeps
 	// (XRC_SPIN_US; default: a millisecond while the node's ranks have
@@ -287,7 +288,9 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 		return fail(err)
 	}
 	// The smallest of the node's rings, known once they are connected.
-	e.eagerMax = min(cfg.EagerLimit, sh.MaxEager()-hdrLen)
+	// An empty message goes eagerly whatever the limit: a rendezvous of
+	// no bytes, pushed (a Read refused), has no data frame to finish it.
+	e.eagerMax = max(0, min(cfg.EagerLimit, sh.MaxEager()-hdrLen))
 	if rct != nil {
 		if err := rct.Connect(ctx, rcPeers); err != nil {
 			return fail(err)

@@ -41,6 +41,8 @@ type layout struct {
 	transport string
 	udp       bool
 	faults    softhca.Faults
+	// eager is Config.EagerLimit (0: the default).
+	eager int
 }
 
 // layouts are the placements the point-to-point suite runs on: one node
@@ -154,7 +156,7 @@ func worldDevs(t testing.TB, n int, l layout) ([]*Comm, map[int]*softhca.Device)
 			open := func(ctx context.Context, env *bootstrap.Env) (*verbs.Context, error) {
 				return devs[env.Node].Open(verbs.Config{})
 			}
-			comms[r], errs[r] = Init(ctx, Config{Bootstrap: c, Env: &env, Dir: dir, NoPull: noPull, OpenDevice: open})
+			comms[r], errs[r] = Init(ctx, Config{Bootstrap: c, Env: &env, Dir: dir, NoPull: noPull, OpenDevice: open, EagerLimit: l.eager})
 		})
 	}
 	wg.Wait()

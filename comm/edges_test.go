@@ -659,3 +659,38 @@ func TestPeerFailedAnySource(t *testing.T) {
 		})
 	}
 }
+
+// TestNegativeEagerLimit: with a negative Config.EagerLimit (no message
+// goes eagerly) an empty message still goes, where large messages are
+// pushed through the rings (NoPull). It went by rendezvous, and a pushed
+// message of no bytes took no data frame, the one whose arrival finishes
+// the receive: receive and send waited for good.
+func TestNegativeEagerLimit(t *testing.T) {
+	noPull = true
+	defer func() { noPull = false }()
+	comms := worldOn(t, 2, layout{name: "OneNode", eager: -1})
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		// Not Recv: a receive that has matched is waited for whatever
+		// its context.
+		var r *Request
+		var err error
+		if c.Rank() == 0 {
+			r, err = c.Isend(nil, 1, 0)
+		} else {
+			r, err = c.Irecv(nil, 0, 0)
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := r.Wait(ctx); err != nil {
+			return fmt.Errorf("a message of no bytes: %w", err)
+		}
+		buf := pattern(c.Rank(), 100)
+		if err := c.Bcast(ctx, buf, 0); err != nil || !bytes.Equal(buf, pattern(0, 100)) {
+			return fmt.Errorf("bcast of 100 bytes by rendezvous: %w", err)
+		}
+		return c.Barrier(ctx)
+	})
+}
