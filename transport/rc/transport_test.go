@@ -418,16 +418,7 @@ func TestOvercommit(t *testing.T) {
 // with an error naming the peer, and so does every later call toward it.
 func TestPeerFails(t *testing.T) {
 	ends := job(t, twoDevices(t), nil)
-	buf := make([]byte, 4096)
-	rm, err := ends[1].Tr.Expose(buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	forged := append(transport.Remote(nil), rm...)
-	binary.LittleEndian.PutUint32(forged[16:], binary.LittleEndian.Uint32(rm[16:])^0xff00)
-	if err := ends[0].Tr.Read(1, make([]byte, 100), forged, 5); err != nil {
-		t.Fatal(err)
-	}
+	rm := forgedRead(t, ends, 5)
 	progress(t, ends, func() bool { _, ok := ends[0].H.Reads[5]; return ok })
 	if err := ends[0].H.Reads[5]; err == nil || !strings.Contains(err.Error(), "rank 1") {
 		t.Fatalf("read with a forged key: %v", err)
@@ -441,6 +432,23 @@ func TestPeerFails(t *testing.T) {
 	if err := ends[1].Tr.Unexpose(rm); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// forgedRead has rank 1 expose a buffer and rank 0 read it, as cookie,
+// with a key rank 1 never gave, which breaks their connection. It returns
+// what rank 1 exposed.
+func forgedRead(t *testing.T, ends []*end, cookie uint64) transport.Remote {
+	t.Helper()
+	rm, err := ends[1].Tr.Expose(make([]byte, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := append(transport.Remote(nil), rm...)
+	binary.LittleEndian.PutUint32(forged[16:], binary.LittleEndian.Uint32(rm[16:])^0xff00)
+	if err := ends[0].Tr.Read(1, make([]byte, 100), forged, cookie); err != nil {
+		t.Fatal(err)
+	}
+	return rm
 }
 
 // TestAfterClose: a closed transport refuses every call; TrySend used to
@@ -460,16 +468,7 @@ func TestAfterClose(t *testing.T) {
 func TestPeerFailedReported(t *testing.T) {
 	ends := job(t, twoDevices(t), nil)
 	stream(t, ends, 10) // frames both ways before the failure are delivered
-	buf := make([]byte, 4096)
-	rm, err := ends[1].Tr.Expose(buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	forged := append(transport.Remote(nil), rm...)
-	binary.LittleEndian.PutUint32(forged[16:], binary.LittleEndian.Uint32(rm[16:])^0xff00)
-	if err := ends[0].Tr.Read(1, make([]byte, 100), forged, 5); err != nil {
-		t.Fatal(err)
-	}
+	rm := forgedRead(t, ends, 5)
 	deadline := time.Now().Add(10 * time.Second)
 	progress(t, ends, func() bool {
 		if time.Now().After(deadline) {
@@ -498,7 +497,7 @@ func TestPeerFailedReported(t *testing.T) {
 		if _, err := ends[r].Tr.TrySend(peer, []byte("x")); err == nil {
 			t.Errorf("rank %d: a send to failed rank %d", r, peer)
 		}
-		if err := ends[r].Tr.Read(peer, make([]byte, 10), forged, 6); err == nil {
+		if err := ends[r].Tr.Read(peer, make([]byte, 10), rm, 6); err == nil {
 			t.Errorf("rank %d: a read from failed rank %d", r, peer)
 		}
 	}
