@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 )
 
 // TestLazyStarterBusy: rank 0 starts a lazy connection (a TrySend) and
@@ -82,4 +84,32 @@ func TestLazyRefusal(t *testing.T) {
 			t.Errorf("rank %d heard of failures %v; want rank %d once, %q", r, ends[r].H.Failed, 1-r, want)
 		}
 	}
+}
+
+// TestStrayRefusal: a refusal that does not name this rank's QP toward
+// the sender (a copy of an old one, or a confused member of the job) is
+// counted and dropped; the connection it would have failed carries on. A
+// refusal names the QP of the hello it answers, which is this rank's.
+func TestStrayRefusal(t *testing.T) {
+	ends := lazyJob(t, 2)
+	stream(t, ends, 10) // connected both ways
+	qpn := ends[0].Tr.peers[1].conn.QP.Num()
+	bad := func() float64 {
+		var m dto.Metric
+		if err := ends[0].Tr.m.Bad.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	before := bad()
+	ends[1].Tr.lz.put(0, hello{kind: kindRefusal, rank: 1, qpn: qpn + 1})
+	deadline := time.Now().Add(10 * time.Second)
+	progress(t, ends, func() bool { return bad() > before || time.Now().After(deadline) })
+	if got := bad() - before; got != 1 {
+		t.Errorf("stray refusal: %v malformed counted, want 1", got)
+	}
+	if errs := ends[0].H.Failed; len(errs) != 0 {
+		t.Fatalf("a stray refusal failed the connection: %v", errs)
+	}
+	stream(t, ends, 10) // still connected
 }

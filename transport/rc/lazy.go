@@ -124,7 +124,9 @@ func (l *lazy) Apply() {
 			p.peerReady = true
 			l.release(p)
 			continue
-		case p != nil && h.kind == kindRefusal:
+		case p != nil && h.kind == kindRefusal && p.conn.QP != nil && h.qpn == p.conn.QP.Num():
+			// It answers the hello of this rank's QP toward p (a
+			// refusal names that QP), and no other.
 			t.e.Fail(&p.conn, p.conn.Errorf("lazy connect: rank %d could not bring its QP up", p.Rank))
 			continue
 		}
