@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 )
@@ -77,7 +78,7 @@ func acceptHandshake(fc *frameConn, key []byte, rnd io.Reader) (*msgRegister, er
 	}
 	t, p, err = fc.read(maxPreAuth)
 	if err != nil {
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%w: the peer left after the challenge (a wrong key?)", ErrAuth)
 		}
 		return nil, err
