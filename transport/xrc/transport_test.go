@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/transport"
 	"github.com/xrcrun/xrc/transport/internal/transporttest"
@@ -427,6 +429,10 @@ func TestINIFailureDropsLaterFrames(t *testing.T) {
 	}
 	if n := len(ends[0].H.Frames[1]); n != 3 {
 		t.Errorf("rank 0 got %d frames of rank 1; want the 3 sent before its report", n)
+	}
+	var m dto.Metric
+	if err := tr.m.FailedPeerFrames.Write(&m); err != nil || m.GetCounter().GetValue() != 3 {
+		t.Errorf("rank 0 counted %v frames of failed peers dropped (%v); want the 3 rank 1 sent after", m.GetCounter().GetValue(), err)
 	}
 	if n := len(ends[0].H.Failed); n != 2 {
 		t.Errorf("rank 0 heard of failures %v; want ranks 1 and 3 once", ends[0].H.Failed)

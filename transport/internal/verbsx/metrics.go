@@ -25,6 +25,7 @@ type Metrics struct {
 	SRQLimit, CQEvents                           prometheus.Counter
 	CompletionErrors, RNRExceeded, AsyncErrors   prometheus.Counter
 	PeerErrors, Bad, Connects                    prometheus.Counter
+	FailedPeerFrames                             prometheus.Counter
 }
 
 // NewMetrics makes the common counters of subsystem ("rc", "xrc") for rank.
@@ -53,6 +54,7 @@ func NewMetrics(subsystem string, rank int) *Metrics {
 	m.RNRExceeded = counter("rnr_retry_exceeded_total", "Sends that failed after RNR retries.")
 	m.AsyncErrors = counter("async_errors_total", "Error events of the device (QP, SRQ, CQ, port).")
 	m.PeerErrors = counter("peer_errors_total", "Peers whose QP failed.")
+	m.FailedPeerFrames = counter("failed_peer_frames_total", "Frames dropped because their sender had been reported failed.")
 	m.Bad = counter("malformed_total", "Malformed records, remotes, connection requests and completions.")
 	m.Connects = counter("connects_total", "QPs connected (brought to RTS, or RTR for receive QPs).")
 	return m

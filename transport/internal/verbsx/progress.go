@@ -192,6 +192,7 @@ func (e *Endpoint) received(h transport.Handler, wc *verbs.WorkCompletion, i uin
 	}
 	if p.reported {
 		// Reported failed (report): the handler hears nothing more of p.
+		e.m.FailedPeerFrames.Inc()
 		e.log.Debug("dropped a frame of a failed peer", "peer", p.Rank, "bytes", wc.ByteLen)
 		return 0
 	}
