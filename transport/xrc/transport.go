@@ -257,7 +257,8 @@ func (t *Transport) Record() []byte {
 // QP before its creator brought it to RTR: RC retransmits until it is, so
 // a caller that wants no retransmissions waits at a barrier after
 // Connect. The first rank of the node removes the domain file: every rank
-// of the node opened it in New, before the records were exchanged.
+// of the node opened it in New, before the records were exchanged. (Close
+// removes it too if it is still there: New or Connect failed.)
 func (t *Transport) Connect(ctx context.Context, peers []transport.Peer) error {
 	if len(peers) != t.n {
 		return fmt.Errorf("xrc: %d peers for a job of %d", len(peers), t.n)
@@ -363,6 +364,12 @@ func (t *Transport) teardown() error {
 	errs = append(errs, t.e.Free())
 	if t.xrcd != nil {
 		errs = append(errs, t.xrcd.Close())
+	}
+	// Connect removed the domain file, unless it never ran or failed
+	// first: then the node's job is failing, and whichever rank closes
+	// first removes it, lest it outlive the job.
+	if err := os.Remove(t.cfg.DomainFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.log.Warn("remove the domain file", "err", err)
 	}
 	t.m.Unregister()
 	return errors.Join(errs...)

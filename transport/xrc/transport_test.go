@@ -6,6 +6,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc64"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -437,4 +440,41 @@ func TestINIFailureDropsLaterFrames(t *testing.T) {
 	if n := len(ends[0].H.Failed); n != 2 {
 		t.Errorf("rank 0 heard of failures %v; want ranks 1 and 3 once", ends[0].H.Failed)
 	}
+}
+
+// TestDomainFileRemoved: the node's domain file does not outlive a
+// transport that failed in New, or was closed before Connect (which
+// removes it once every rank of the node has it open). It was left behind
+// in the shared-memory directory.
+func TestDomainFileRemoved(t *testing.T) {
+	d := newDevice(t, softhca.NewFabric(), softhca.Faults{})
+	c, err := d.Open(verbs.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	dir := t.TempDir()
+	gone := func(what, path string) {
+		t.Helper()
+		if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s: the domain file is still there (%v)", what, err)
+		}
+	}
+	path := filepath.Join(dir, "failed")
+	if _, err := New(Config{Device: c, Rank: 0, Nodes: []int{0, 1}, Kick: func() {}, DomainFile: path, Port: 9}); err == nil {
+		t.Fatal("New on port 9: no error")
+	}
+	gone("New failed", path)
+	path = filepath.Join(dir, "closed")
+	tr, err := New(Config{Device: c, Rank: 0, Nodes: []int{0, 1}, Kick: func() {}, DomainFile: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("after New: %v", err)
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	gone("closed before Connect", path)
 }
