@@ -86,6 +86,11 @@ type Core struct {
 	Cache *RegCache
 	Reads *Reads
 
+	// Dead says the device failed (Endpoint.failAll): Poll polls what the
+	// CQ holds but posts no receive buffer and arms no limit (commands a
+	// dead device refuses), since nothing more will come.
+	Dead bool
+
 	wc []verbs.WorkCompletion
 }
 
@@ -156,6 +161,9 @@ func (c *Core) Poll(fn func(*verbs.WorkCompletion) int, m *Metrics) (n int, more
 		if more = k == len(c.wc); !more {
 			break
 		}
+	}
+	if c.Dead {
+		return n, more, nil
 	}
 	posted, err := c.Recv.Refill()
 	m.SRQPosted.Set(float64(posted))

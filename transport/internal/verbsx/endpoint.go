@@ -83,6 +83,13 @@ type Endpoint struct {
 	// (WatchEvents appends; guarded by qpErrMu).
 	qpErrMu sync.Mutex
 	qpErrs  []qpErr
+	// devErr is the event that ended all of the rank's traffic
+	// (DEVICE_FATAL, or CQ_ERR of its CQ), valid once dead is closed; set
+	// once by WatchEvents (guarded by qpErrMu). devFailed
+	// says Progress failed every Conn and Peer for it.
+	devErr    verbs.EventType
+	dead      chan struct{}
+	devFailed bool
 
 	kick    func()
 	dev     *verbs.Context
@@ -108,7 +115,7 @@ type Endpoint struct {
 func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 	e := &Endpoint{name: cfg.Name, magic: cfg.Magic, rank: cfg.Rank, eager: cfg.EagerSize, sendDepth: cfg.SendDepth,
 		peers: cfg.Peers, bySend: map[uint32]*Conn{}, byRecv: map[uint32]*Peer{},
-		kick: cfg.Kick, dev: cfg.Device, log: cfg.Log, m: cfg.Metrics, qps: cfg.QPs, recvKey: cfg.RecvQPKey}
+		kick: cfg.Kick, dev: cfg.Device, dead: make(chan struct{}), log: cfg.Log, m: cfg.Metrics, qps: cfg.QPs, recvKey: cfg.RecvQPKey}
 	if cfg.Rank < 0 || cfg.Rank >= len(cfg.Nodes) || len(cfg.Peers) > len(cfg.Nodes) {
 		return e, fmt.Errorf("%s: rank %d and %d peers of a job of %d ranks", e.name, cfg.Rank, len(cfg.Peers), len(cfg.Nodes))
 	}
@@ -141,7 +148,7 @@ func (e *Endpoint) Run() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
 	e.wg.Go(func() { WatchCQ(ctx, e.Core.Ch, &e.armed, e.kick, e.log, e.m) })
-	e.wg.Go(func() { WatchEvents(ctx, e.dev, e.Core.Recv, e.qpFailed, e.kick, e.log, e.m) })
+	e.wg.Go(func() { WatchEvents(ctx, e.dev, e.Core.Recv, e.Core.CQ, e.qpFailed, e.devFailure, e.kick, e.log, e.m) })
 	return ctx
 }
 
@@ -174,14 +181,58 @@ func (e *Endpoint) Arm() error {
 	e.armed.Store(true)
 	if err := e.Core.CQ.RequestNotify(false); err != nil {
 		e.armed.Store(false)
-		return fmt.Errorf("%s: arm CQ: %w", e.name, err)
+		return e.armError(err)
 	}
 	return nil
 }
 
+// deadWait bounds how long an Arm that failed waits for the device's
+// failure event (Arm).
+const deadWait = 100 * time.Millisecond
+
+// armError is the error of an Arm that failed with err: nil if the device
+// failed (its event came, or comes within deadWait), the rank's next
+// Progress failing every peer.
+func (e *Endpoint) armError(err error) error {
+	select {
+	case <-e.dead:
+		e.kick()
+		return nil
+	case <-time.After(deadWait):
+		return fmt.Errorf("%s: arm CQ: %w", e.name, err)
+	}
+}
+
+// isDead reports whether the device failed (devFailure).
+func (e *Endpoint) isDead() bool {
+	select {
+	case <-e.dead:
+		return true
+	default:
+		return false
+	}
+}
+
+// devFailure records ev, the device's failure (WatchEvents calls it): the
+// next Progress fails every Conn and Peer.
+func (e *Endpoint) devFailure(ev verbs.EventType) {
+	e.qpErrMu.Lock()
+	defer e.qpErrMu.Unlock()
+	if !e.isDead() {
+		e.devErr = ev
+		close(e.dead)
+	}
+}
+
 // WakeFD is the descriptor of the CQ's completion channel, readable once
-// a completion came on the CQ that Arm armed (transport.Armer).
-func (e *Endpoint) WakeFD() int { return e.Core.Ch.FD() }
+// a completion came on the CQ that Arm armed (transport.Armer); -1 once
+// the device failed.
+func (e *Endpoint) WakeFD() int {
+	if e.isDead() {
+		return -1
+	}
+	return e.Core.Ch.FD()
+}
 
 // Go runs f in a goroutine that Close waits for.
 func (e *Endpoint) Go(f func()) { e.wg.Go(f) }

@@ -39,11 +39,16 @@ func WatchCQ(ctx context.Context, ch *verbs.CompChannel, armed *atomic.Bool, kic
 // event means the peers' frames use up the receive buffers faster than the
 // rank delivers them (possible when the credits overcommit the SRQ): it
 // posts the free buffers at once and wakes the rank, whose Progress arms
-// the limit again (RecvPool.Rearm). QP errors are logged, handed to
-// qpErr (QP_FATAL, QP_REQ_ERR and QP_ACCESS_ERR, the QP having gone to the
-// error state) and wake the rank.
-func WatchEvents(ctx context.Context, dev *verbs.Context, recv *RecvPool, qpErr func(qpn uint32, ev verbs.EventType),
-	kick func(), log *slog.Logger, m *Metrics) {
+// the limit again (RecvPool.Rearm). Errors are logged and wake the rank;
+// QP errors (QP_FATAL, QP_REQ_ERR and QP_ACCESS_ERR, the QP having gone to
+// the error state) are handed to qpErr, and the errors that end all of the
+// rank's traffic to devErr: DEVICE_FATAL (the device is gone: every QP is
+// in the error state and nothing more completes) and CQ_ERR of cq (the
+// rank's one CQ overran: completions were lost, so the accounting of
+// every QP's work, credits and buffers can no longer be trusted, and the
+// device may complete nothing more).
+func WatchEvents(ctx context.Context, dev *verbs.Context, recv *RecvPool, cq *verbs.CQ, qpErr func(qpn uint32, ev verbs.EventType),
+	devErr func(ev verbs.EventType), kick func(), log *slog.Logger, m *Metrics) {
 	for {
 		ev, err := dev.GetAsyncEvent(ctx)
 		if err != nil {
@@ -71,6 +76,12 @@ func WatchEvents(ctx context.Context, dev *verbs.Context, recv *RecvPool, qpErr 
 			case verbs.EventQPFatal, verbs.EventQPReqErr, verbs.EventQPAccessErr:
 				if ev.QP != nil {
 					qpErr(qpn, ev.Type)
+				}
+			case verbs.EventDeviceFatal:
+				devErr(ev.Type)
+			case verbs.EventCQErr:
+				if ev.CQ == cq {
+					devErr(ev.Type)
 				}
 			}
 			kick()

@@ -116,13 +116,44 @@ func (e *Endpoint) applyQPErrs() {
 	e.qpErrMu.Lock()
 	errs := e.qpErrs
 	e.qpErrs = nil
+	dev := e.devErr
 	e.qpErrMu.Unlock()
+	if !e.devFailed && e.isDead() {
+		e.devFailed = true
+		e.failAll(dev)
+	}
 	for _, q := range errs {
 		if c := e.bySend[q.qpn]; c != nil {
 			e.Fail(c, c.Errorf("QP %#x failed: %w", q.qpn, q.ev))
 		} else if p := e.byRecv[q.qpn]; p != nil {
 			e.FailPeer(p, fmt.Errorf("%s: rank %d: receive QP %#x failed: %w", e.name, p.Rank, q.qpn, q.ev))
 		}
+	}
+}
+
+// failAll fails every Conn and every Peer with ev, the device's failure
+// (DEVICE_FATAL, or CQ_ERR of the rank's CQ): no QP of the rank carries
+// anything more, and a lazy connection cannot be made. Every later call
+// toward a peer returns the error of its Conn, which wraps ev, and
+// Progress reports each peer once.
+func (e *Endpoint) failAll(ev verbs.EventType) {
+	what := "device failed"
+	if ev == verbs.EventCQErr {
+		what = "CQ failed"
+	}
+	e.log.Error(what+": failing every peer", "event", ev)
+	e.Core.Dead = true
+	for _, p := range e.peers {
+		if p == nil {
+			continue
+		}
+		c := p.Conn
+		if c.state != ConnFailed {
+			c.state, c.err = ConnFailed, c.Errorf("%s: %w", what, ev)
+			e.Core.Reads.Fail(c.pending, c.err)
+			c.pending = nil
+		}
+		e.failPeer(p, c.err)
 	}
 }
 
