@@ -18,6 +18,7 @@ package mlx4
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -257,6 +258,22 @@ func (c *Context) freeRing(r ring) error {
 		c.db.release(r.db)
 	}
 	return c.qmem.free(r.buf)
+}
+
+// destroyed is the error of a destroy command that failed with err: nil
+// when err is EIO, which a destroy gets only once the device is gone (the
+// kernel answers every command of a context that it disassociated from a
+// removed device with EIO, having destroyed the context's objects itself;
+// a software HCA that closed, or whose process went away, does the same):
+// the object is gone with the device, and the provider frees its own side
+// of it (rings, doorbell records, tables), as rdma-core's destroys do
+// after IBV_EVENT_DEVICE_FATAL (verbs_is_destroy_err). Other errors are
+// the device's refusal: the object lives on.
+func destroyed(err error) error {
+	if errors.Is(err, unix.EIO) {
+		return nil
+	}
+	return err
 }
 
 // addr is the address a command passes for memory the device reaches.

@@ -335,7 +335,7 @@ func (cq *CQ) cleanWhere(match func(*mlx4hw.CQE) bool, srq *SRQ) {
 func (cq *CQ) Destroy() error {
 	req := uverbs.Cmd[uverbs.DestroyCQ]{Core: uverbs.DestroyCQ{CQHandle: cq.handle}}
 	var r uverbs.DestroyCQResp
-	if err := uverbs.Exec(cq.ctx.conn, uverbs.CmdDestroyCQ, &req, &r); err != nil {
+	if err := destroyed(uverbs.Exec(cq.ctx.conn, uverbs.CmdDestroyCQ, &req, &r)); err != nil {
 		return err
 	}
 	// Under the lock, so that no Poll or Arm of another goroutine is in

@@ -28,7 +28,7 @@ func (c *Context) AllocPD() (verbs.ProviderPD, error) {
 // Dealloc issues DEALLOC_PD.
 func (pd *PD) Dealloc() error {
 	req := uverbs.Cmd[uverbs.DeallocPD]{Core: uverbs.DeallocPD{PDHandle: pd.handle}}
-	return uverbs.ExecNoResp(pd.ctx.conn, uverbs.CmdDeallocPD, &req)
+	return destroyed(uverbs.ExecNoResp(pd.ctx.conn, uverbs.CmdDeallocPD, &req))
 }
 
 // MR is a memory region.
@@ -63,5 +63,5 @@ func (mr *MR) RKey() uint32 { return mr.rkey }
 // Dereg issues DEREG_MR.
 func (mr *MR) Dereg() error {
 	req := uverbs.Cmd[uverbs.DeregMR]{Core: uverbs.DeregMR{MRHandle: mr.handle}}
-	return uverbs.ExecNoResp(mr.ctx.conn, uverbs.CmdDeregMR, &req)
+	return destroyed(uverbs.ExecNoResp(mr.ctx.conn, uverbs.CmdDeregMR, &req))
 }

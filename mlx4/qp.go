@@ -574,7 +574,7 @@ func (qp *QP) Query(mask verbs.QPAttrMask) (verbs.QPAttr, verbs.QPCap, error) {
 func (qp *QP) Destroy() error {
 	req := uverbs.Cmd[uverbs.DestroyQP]{Core: uverbs.DestroyQP{QPHandle: qp.handle}}
 	var r uverbs.DestroyQPResp
-	if err := uverbs.Exec(qp.ctx.conn, uverbs.CmdDestroyQP, &req, &r); err != nil {
+	if err := destroyed(uverbs.Exec(qp.ctx.conn, uverbs.CmdDestroyQP, &req, &r)); err != nil {
 		return err
 	}
 	if qp.mem.buf == nil {

@@ -195,7 +195,7 @@ func (s *SRQ) Destroy() error {
 	}
 	req := uverbs.Cmd[uverbs.DestroySRQ]{Core: uverbs.DestroySRQ{SRQHandle: s.handle}}
 	var r uverbs.DestroySRQResp
-	if err := uverbs.Exec(s.ctx.conn, uverbs.CmdDestroySRQ, &req, &r); err != nil {
+	if err := destroyed(uverbs.Exec(s.ctx.conn, uverbs.CmdDestroySRQ, &req, &r)); err != nil {
 		if s.cq != nil {
 			s.ctx.xsrqs.put(s.srqn, s)
 		}

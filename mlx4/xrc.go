@@ -38,7 +38,7 @@ func (c *Context) OpenXRCD(fd int, oflags int) (verbs.ProviderXRCD, error) {
 // Close issues CLOSE_XRCD.
 func (x *XRCD) Close() error {
 	req := uverbs.Cmd[uverbs.CloseXRCD]{Core: uverbs.CloseXRCD{XRCDHandle: x.handle}}
-	return uverbs.ExecNoResp(x.ctx.conn, uverbs.CmdCloseXRCD, &req)
+	return destroyed(uverbs.ExecNoResp(x.ctx.conn, uverbs.CmdCloseXRCD, &req))
 }
 
 // CreateXRCSRQ allocates an SRQ ring as for any SRQ and issues CREATE_XSRQ.

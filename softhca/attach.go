@@ -110,17 +110,17 @@ func dial(ctx context.Context, dir, name string) (*remoteKernel, error) {
 // Caller holds k.mu.
 func (k *remoteKernel) call(t msgType, req []byte, fds ...int) ([]byte, []int, error) {
 	if k.closed {
-		return nil, nil, unix.Errorf(unix.EIO, "device %s: closed", k.name)
+		return nil, nil, goneError{unix.Errorf(unix.EIO, "device %s: closed", k.name)}
 	}
 	if _, _, err := k.conn.WriteMsgUnix(req, unix.Rights(fds...), nil); err != nil {
-		return nil, nil, unix.Errorf(unix.EIO, "device %s is gone: %v", k.name, err)
+		return nil, nil, goneError{unix.Errorf(unix.EIO, "device %s is gone: %v", k.name, err)}
 	}
 	n, oobn, _, _, err := k.conn.ReadMsgUnix(k.buf, k.oob)
 	if err == nil && n == 0 {
 		err = errors.New("connection closed")
 	}
 	if err != nil {
-		return nil, nil, unix.Errorf(unix.EIO, "device %s is gone: %v", k.name, err)
+		return nil, nil, goneError{unix.Errorf(unix.EIO, "device %s is gone: %v", k.name, err)}
 	}
 	got, ferr := unix.ParseRights(k.oob[:oobn])
 	body, err := parseReply(k.buf[:n], t)
@@ -249,8 +249,20 @@ func (k *remoteKernel) FreeQueue(b []byte) error {
 	_, fds, err := k.call(msgRemoveQueue, appendRequest(nil, msgRemoveQueue, uint64(unix.AddrOf(b))))
 	closeFDs(fds)
 	k.mu.Unlock()
+	if errors.As(err, new(goneError)) {
+		// The device is gone, and its mapping of the memory with it.
+		err = nil
+	}
 	return errors.Join(err, unix.Munmap(b))
 }
+
+// goneError is the error of a call to a device that is gone (its process
+// exited or stopped serving, or the client closed): EIO, as the kernel
+// answers the commands of a context it disassociated from a removed
+// device. Freeing memory the device shared then only unmaps it here.
+type goneError struct{ error }
+
+func (e goneError) Unwrap() error { return e.error }
 
 func (k *remoteKernel) EventFile(id int32, name string) (*os.File, error) {
 	k.mu.Lock()
