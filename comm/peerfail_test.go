@@ -170,3 +170,33 @@ func TestRecvFromFailedPeer(t *testing.T) {
 		})
 	}
 }
+
+// TestRecvDeviceGone: rank 0's device goes away (IBV_EVENT_DEVICE_FATAL)
+// while a receive from rank 1, on another node, is posted and nothing of
+// rank 0's is in flight: the receive fails with an error wrapping the
+// event, as does one posted later, while rank 0 sleeps between its polls
+// (the transport arms nothing on a dead device). Before, the event was
+// only logged and the receive waited for ever.
+func TestRecvDeviceGone(t *testing.T) {
+	for _, tr := range []string{"rc", "xrc"} {
+		t.Run(tr, func(t *testing.T) {
+			comms, devs := worldDevs(t, 2, layout{nodeOf: func(r int) int { return r }, transport: tr})
+			c0 := comms[0]
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			early, err := c0.Irecv(make([]byte, 8), 1, 9)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := devs[0].Close(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := early.Wait(ctx); !errors.Is(err, verbs.EventDeviceFatal) || ctx.Err() != nil {
+				t.Fatalf("the receive from rank 1 after rank 0's device went away: %v; want it to wrap %v", err, verbs.EventDeviceFatal)
+			}
+			if _, err := c0.Recv(ctx, make([]byte, 8), 1, 10); !errors.Is(err, verbs.EventDeviceFatal) || ctx.Err() != nil {
+				t.Fatalf("a receive from rank 1 posted after: %v", err)
+			}
+		})
+	}
+}

@@ -87,9 +87,10 @@ type Endpoint struct {
 	// (DEVICE_FATAL, or CQ_ERR of its CQ), valid once dead is closed; set
 	// once by WatchEvents (guarded by qpErrMu). devFailed
 	// says Progress failed every Conn and Peer for it.
-	devErr    verbs.EventType
-	dead      chan struct{}
-	devFailed bool
+	devErr     verbs.EventType
+	dead       chan struct{}
+	devApplied bool // guarded by qpErrMu: Progress took devErr
+	devFailed  bool
 
 	kick    func()
 	dev     *verbs.Context
@@ -162,14 +163,25 @@ func (e *Endpoint) Run() context.Context {
 // an event that is there, as WatchCQ would have, and arms again. WatchCQ
 // and Arm never take the same event: whichever reads it clears armed (the
 // event disarmed the CQ), and the other finds nothing.
+//
+// Once the device failed (DEVICE_FATAL, or CQ_ERR of the rank's CQ), no
+// completion will come and every peer is failed: Arm arms nothing and
+// returns nil, and WakeFD is -1. A device that goes away closes the
+// completion channel after it queued DEVICE_FATAL (the soft HCA, and the
+// kernel when it disassociates a removed device), so an Arm that fails on
+// the channel waits a little for WatchEvents to read the event before it
+// returns the error.
 func (e *Endpoint) Arm() error {
 	if e.stopped {
 		return e.errClosed("arm")
 	}
+	if e.isDead() {
+		return nil
+	}
 	if e.armed.Load() {
 		cq, err := e.Core.Ch.TryEvent()
 		if err != nil {
-			return fmt.Errorf("%s: arm CQ: %w", e.name, err)
+			return e.armError(err)
 		}
 		if cq == nil {
 			// Armed, with no event yet; or WatchCQ has it and kicks.
@@ -214,13 +226,18 @@ func (e *Endpoint) isDead() bool {
 }
 
 // devFailure records ev, the device's failure (WatchEvents calls it): the
-// next Progress fails every Conn and Peer.
+// next Progress fails every Conn and Peer. The first event is the cause,
+// except that a DEVICE_FATAL replaces a CQ_ERR that Progress has not
+// applied yet: a device that goes away may overrun the CQ with the
+// flushes of its work first.
 func (e *Endpoint) devFailure(ev verbs.EventType) {
 	e.qpErrMu.Lock()
 	defer e.qpErrMu.Unlock()
 	if !e.isDead() {
 		e.devErr = ev
 		close(e.dead)
+	} else if ev == verbs.EventDeviceFatal && !e.devApplied {
+		e.devErr = ev
 	}
 }
 

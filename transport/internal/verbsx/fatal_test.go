@@ -15,7 +15,14 @@ import (
 func TestCQErrFailsEveryPeer(t *testing.T) {
 	a, _, pa, _ := rcPair(t, 8, true, true)
 	a.Tr.devFailure(verbs.EventCQErr)
-	a.Tr.devFailure(verbs.EventDeviceFatal) // the first event is the cause
+	for range 10 {
+		if _, err := a.Tr.Progress(a.H); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Once applied, the cause stays: a later DEVICE_FATAL reports nothing
+	// more.
+	a.Tr.devFailure(verbs.EventDeviceFatal)
 	for range 10 {
 		if _, err := a.Tr.Progress(a.H); err != nil {
 			t.Fatal(err)
@@ -30,5 +37,23 @@ func TestCQErrFailsEveryPeer(t *testing.T) {
 	}
 	if err := a.Tr.Arm(); err != nil || a.Tr.WakeFD() != -1 {
 		t.Errorf("Arm after CQ_ERR: %v, WakeFD %d", err, a.Tr.WakeFD())
+	}
+}
+
+// TestDeviceFatalReplacesCQErr: a DEVICE_FATAL that comes before Progress
+// applied a CQ_ERR is the cause (a dying device's flushes may overrun the
+// CQ before it reports itself gone).
+func TestDeviceFatalReplacesCQErr(t *testing.T) {
+	a, _, pa, _ := rcPair(t, 8, true, true)
+	a.Tr.devFailure(verbs.EventCQErr)
+	a.Tr.devFailure(verbs.EventDeviceFatal)
+	for range 10 {
+		if _, err := a.Tr.Progress(a.H); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs := a.H.Failed[pa.Rank]
+	if len(a.H.Failed) != 1 || len(errs) != 1 || !errors.Is(errs[0], verbs.EventDeviceFatal) {
+		t.Fatalf("failures heard: %v; want rank 1 once, with DEVICE_FATAL", a.H.Failed)
 	}
 }

@@ -117,6 +117,9 @@ func (e *Endpoint) applyQPErrs() {
 	errs := e.qpErrs
 	e.qpErrs = nil
 	dev := e.devErr
+	if e.isDead() {
+		e.devApplied = true
+	}
 	e.qpErrMu.Unlock()
 	if !e.devFailed && e.isDead() {
 		e.devFailed = true
