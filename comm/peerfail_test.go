@@ -135,38 +135,46 @@ func TestLazyPeerGoneBeforeReady(t *testing.T) {
 // told comm (transport.PeerFailureHandler): the receives waited until
 // their context ended, for ever with context.Background().
 func TestRecvFromFailedPeer(t *testing.T) {
+	// The guard: the QP fails after its retries, some seconds on.
+	earlyRecv(t, func(t *testing.T, ctx context.Context, c0 *Comm, devs map[int]*softhca.Device, early *Request) {
+		devs[1].SetFaults(softhca.Faults{Loss: 1, Seed: 1})
+		send, err := c0.Isend([]byte("x"), 1, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err = early.Wait(ctx)
+		if err == nil || ctx.Err() != nil {
+			t.Fatalf("the receive from rank 1, whose connection failed: %v after %v; want the connection's error",
+				err, time.Since(start))
+		}
+		if !errors.Is(err, verbs.WCRetryExcErr) {
+			t.Errorf("the receive from rank 1: %v; want it to wrap %v", err, verbs.WCRetryExcErr)
+		}
+		t.Logf("after %v: %v", time.Since(start), err)
+		if _, err := c0.Recv(ctx, make([]byte, 8), 1, 10); err == nil || ctx.Err() != nil {
+			t.Fatalf("a receive from rank 1 posted after its failure: %v", err)
+		}
+		if _, err := send.Wait(ctx); ctx.Err() != nil {
+			t.Fatalf("the send to rank 1 never completed: %v", err)
+		}
+	})
+}
+
+// earlyRecv runs test over rc and over xrc, on a job of two ranks on two
+// nodes where rank 0 has posted a receive from rank 1 (early), with a
+// context that ends after 30 seconds, the tests' guard.
+func earlyRecv(t *testing.T, test func(t *testing.T, ctx context.Context, c0 *Comm, devs map[int]*softhca.Device, early *Request)) {
 	for _, tr := range []string{"rc", "xrc"} {
 		t.Run(tr, func(t *testing.T) {
 			comms, devs := worldDevs(t, 2, layout{nodeOf: func(r int) int { return r }, transport: tr})
-			c0 := comms[0]
-			// The guard: the QP fails after its retries, some seconds on.
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			early, err := c0.Irecv(make([]byte, 8), 1, 9)
+			early, err := comms[0].Irecv(make([]byte, 8), 1, 9)
 			if err != nil {
 				t.Fatal(err)
 			}
-			devs[1].SetFaults(softhca.Faults{Loss: 1, Seed: 1})
-			send, err := c0.Isend([]byte("x"), 1, 7)
-			if err != nil {
-				t.Fatal(err)
-			}
-			start := time.Now()
-			_, err = early.Wait(ctx)
-			if err == nil || ctx.Err() != nil {
-				t.Fatalf("the receive from rank 1, whose connection failed: %v after %v; want the connection's error",
-					err, time.Since(start))
-			}
-			if !errors.Is(err, verbs.WCRetryExcErr) {
-				t.Errorf("the receive from rank 1: %v; want it to wrap %v", err, verbs.WCRetryExcErr)
-			}
-			t.Logf("after %v: %v", time.Since(start), err)
-			if _, err := c0.Recv(ctx, make([]byte, 8), 1, 10); err == nil || ctx.Err() != nil {
-				t.Fatalf("a receive from rank 1 posted after its failure: %v", err)
-			}
-			if _, err := send.Wait(ctx); ctx.Err() != nil {
-				t.Fatalf("the send to rank 1 never completed: %v", err)
-			}
+			test(t, ctx, comms[0], devs, early)
 		})
 	}
 }
@@ -178,25 +186,15 @@ func TestRecvFromFailedPeer(t *testing.T) {
 // (the transport arms nothing on a dead device). Before, the event was
 // only logged and the receive waited for ever.
 func TestRecvDeviceGone(t *testing.T) {
-	for _, tr := range []string{"rc", "xrc"} {
-		t.Run(tr, func(t *testing.T) {
-			comms, devs := worldDevs(t, 2, layout{nodeOf: func(r int) int { return r }, transport: tr})
-			c0 := comms[0]
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			early, err := c0.Irecv(make([]byte, 8), 1, 9)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := devs[0].Close(); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := early.Wait(ctx); !errors.Is(err, verbs.EventDeviceFatal) || ctx.Err() != nil {
-				t.Fatalf("the receive from rank 1 after rank 0's device went away: %v; want it to wrap %v", err, verbs.EventDeviceFatal)
-			}
-			if _, err := c0.Recv(ctx, make([]byte, 8), 1, 10); !errors.Is(err, verbs.EventDeviceFatal) || ctx.Err() != nil {
-				t.Fatalf("a receive from rank 1 posted after: %v", err)
-			}
-		})
-	}
+	earlyRecv(t, func(t *testing.T, ctx context.Context, c0 *Comm, devs map[int]*softhca.Device, early *Request) {
+		if err := devs[0].Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := early.Wait(ctx); !errors.Is(err, verbs.EventDeviceFatal) || ctx.Err() != nil {
+			t.Fatalf("the receive from rank 1 after rank 0's device went away: %v; want it to wrap %v", err, verbs.EventDeviceFatal)
+		}
+		if _, err := c0.Recv(ctx, make([]byte, 8), 1, 10); !errors.Is(err, verbs.EventDeviceFatal) || ctx.Err() != nil {
+			t.Fatalf("a receive from rank 1 posted after: %v", err)
+		}
+	})
 }
