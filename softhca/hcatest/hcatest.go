@@ -113,6 +113,10 @@ type Service struct {
 	Name, Dir string
 	Addr      netip.Addr
 	cmd       *exec.Cmd
+	// terminated: the test sent SIGTERM itself (Signal), and the end of
+	// the test sends none: a second one, coming after the device process
+	// let go of the first one's handler on its way out, would kill it.
+	terminated atomic.Bool
 }
 
 // Start runs a device in a process of its own, on a free address of
@@ -164,7 +168,9 @@ func (s *Service) waitUp(exited chan error) (bool, error) {
 }
 
 func (s *Service) stop(t testing.TB, exited chan error) {
-	s.cmd.Process.Signal(syscall.SIGTERM)
+	if !s.terminated.Load() {
+		s.cmd.Process.Signal(syscall.SIGTERM)
+	}
 	select {
 	case err := <-exited:
 		if err != nil {
@@ -182,7 +188,12 @@ func (s *Service) stop(t testing.TB, exited chan error) {
 // Signal sends sig to the device's process: SIGSTOP and SIGCONT stall it
 // as a loaded machine would. The process may go on running a while after
 // SIGSTOP: Stop waits until it has stopped.
-func (s *Service) Signal(sig os.Signal) error { return s.cmd.Process.Signal(sig) }
+func (s *Service) Signal(sig os.Signal) error {
+	if sig == syscall.SIGTERM {
+		s.terminated.Store(true)
+	}
+	return s.cmd.Process.Signal(sig)
+}
 
 // Stop sends SIGSTOP to the device's process and waits until every thread
 // of it has stopped. The kernel stops a process's threads one after the
