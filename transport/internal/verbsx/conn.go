@@ -154,9 +154,6 @@ type Peer struct {
 	reported bool
 }
 
-// Err is why p failed for good, or nil.
-func (p *Peer) Err() error { return p.err }
-
 // Ready reports whether frames may go to p now.
 func (p *Peer) Ready() bool { return p.Acked && p.Conn.up() }
 

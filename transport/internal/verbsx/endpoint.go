@@ -85,12 +85,11 @@ type Endpoint struct {
 	qpErrs  []qpErr
 	// devErr is the event that ended all of the rank's traffic
 	// (DEVICE_FATAL, or CQ_ERR of its CQ), valid once dead is closed; set
-	// once by WatchEvents (guarded by qpErrMu). devFailed
-	// says Progress failed every Conn and Peer for it.
+	// by WatchEvents (guarded by qpErrMu). devApplied says Progress took
+	// it and failed every Conn and Peer for it.
 	devErr     verbs.EventType
 	dead       chan struct{}
-	devApplied bool // guarded by qpErrMu: Progress took devErr
-	devFailed  bool
+	devApplied bool // guarded by qpErrMu
 
 	kick    func()
 	dev     *verbs.Context

@@ -116,13 +116,10 @@ func (e *Endpoint) applyQPErrs() {
 	e.qpErrMu.Lock()
 	errs := e.qpErrs
 	e.qpErrs = nil
-	dev := e.devErr
-	if e.isDead() {
-		e.devApplied = true
-	}
+	dev, failAll := e.devErr, e.isDead() && !e.devApplied
+	e.devApplied = e.devApplied || failAll
 	e.qpErrMu.Unlock()
-	if !e.devFailed && e.isDead() {
-		e.devFailed = true
+	if failAll {
 		e.failAll(dev)
 	}
 	for _, q := range errs {
@@ -147,16 +144,9 @@ func (e *Endpoint) failAll(ev verbs.EventType) {
 	e.log.Error(what+": failing every peer", "event", ev)
 	e.Core.Dead = true
 	for _, p := range e.peers {
-		if p == nil {
-			continue
+		if p != nil {
+			e.Fail(p.Conn, p.Conn.Errorf("%s: %w", what, ev)) // once a Conn
 		}
-		c := p.Conn
-		if c.state != ConnFailed {
-			c.state, c.err = ConnFailed, c.Errorf("%s: %w", what, ev)
-			e.Core.Reads.Fail(c.pending, c.err)
-			c.pending = nil
-		}
-		e.failPeer(p, c.err)
 	}
 }
 

@@ -26,13 +26,10 @@ func (e *Endpoint) Read(rank int, dst []byte, src transport.Remote, cookie uint6
 		e.m.Bad.Inc()
 		return fmt.Errorf("%w: %d bytes from rank %d", transport.ErrBadRemote, len(dst), rank)
 	}
-	c := p.Conn
-	if p.err != nil {
+	if p.err != nil { // its Conn's, if that failed (Fail)
 		return p.err
 	}
-	if c.state == ConnFailed {
-		return c.err
-	}
+	c := p.Conn
 	if c.pending, err = e.Core.Reads.Start(dst, r.Addr, r.RKey, p.SRQN, cookie, c.pending); err != nil {
 		return fmt.Errorf("%s: %w", e.name, err)
 	}

@@ -68,10 +68,8 @@ func (e *Endpoint) TrySend(rank int, parts ...[]byte) (bool, error) {
 // connection if there is none, and the error of p's Conn if it failed.
 func (e *Endpoint) ready(p *Peer) (bool, error) {
 	switch {
-	case p.err != nil:
+	case p.err != nil: // its Conn's, if that failed (Fail)
 		return false, p.err
-	case p.Conn.state == ConnFailed:
-		return false, p.Conn.err
 	case p.Ready():
 		return true, nil
 	}
