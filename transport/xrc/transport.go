@@ -285,9 +285,7 @@ func (t *Transport) Connect(ctx context.Context, peers []transport.Peer) error {
 	}
 	me := t.cfg.Nodes[t.cfg.Rank]
 	if t.ranksOf[me][0] == t.cfg.Rank {
-		if err := os.Remove(t.cfg.DomainFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			t.log.Warn("remove the domain file", "err", err)
-		}
+		t.removeDomainFile()
 	}
 	if t.lz != nil {
 		t.lz.connected.Store(true)
@@ -368,9 +366,14 @@ func (t *Transport) teardown() error {
 	// Connect removed the domain file, unless it never ran or failed
 	// first: then the node's job is failing, and whichever rank closes
 	// first removes it, lest it outlive the job.
+	t.removeDomainFile()
+	t.m.Unregister()
+	return errors.Join(errs...)
+}
+
+// removeDomainFile removes the node's domain file, if it is still there.
+func (t *Transport) removeDomainFile() {
 	if err := os.Remove(t.cfg.DomainFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		t.log.Warn("remove the domain file", "err", err)
 	}
-	t.m.Unregister()
-	return errors.Join(errs...)
 }
