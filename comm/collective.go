@@ -184,11 +184,7 @@ func (cc *Comm) bcast(ctx context.Context, tag int, buf []byte, root int) error 
 // used at root only, and must hold exactly Size()*len(send) bytes; root's
 // send may be its own block of recv.
 func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
-	if err := c.checkRoot(root); err != nil {
-		return c.refuse(err)
-	}
-	counts := c.equalCounts(len(send))
-	return c.run(func(cc *Comm, tag int) error { return cc.gatherv(ctx, tag, "gather", send, recv, counts, nil, root) })
+	return c.gathervAs(ctx, "gather", send, recv, c.equalCounts(len(send)), nil, root)
 }
 
 // equalCounts is the counts of a vector collective whose blocks are all
@@ -205,11 +201,7 @@ func (c *Comm) equalCounts(n int) []int {
 // rank's recv: rank i gets send[i*len(recv):]. send is used at root only,
 // and must hold exactly Size()*len(recv) bytes.
 func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
-	if err := c.checkRoot(root); err != nil {
-		return c.refuse(err)
-	}
-	counts := c.equalCounts(len(recv))
-	return c.run(func(cc *Comm, tag int) error { return cc.scatterv(ctx, tag, "scatter", send, counts, nil, recv, root) })
+	return c.scattervAs(ctx, "scatter", send, c.equalCounts(len(recv)), nil, recv, root)
 }
 
 // Allgather gives every rank the send buffers of all ranks, of equal

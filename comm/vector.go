@@ -71,12 +71,15 @@ func checkDisjoint(what string, displs, counts []int) error {
 // displs nil, the blocks then filling recv exactly). counts, displs and recv are used at root only, where send
 // may be root's own block of recv.
 func (c *Comm) Gatherv(ctx context.Context, send, recv []byte, counts, displs []int, root int) error {
+	return c.gathervAs(ctx, "gatherv", send, recv, counts, displs, root)
+}
+
+// gathervAs is Gatherv, or Gather (what names the call in errors).
+func (c *Comm) gathervAs(ctx context.Context, what string, send, recv []byte, counts, displs []int, root int) error {
 	if err := c.checkRoot(root); err != nil {
 		return c.refuse(err)
 	}
-	return c.run(func(cc *Comm, tag int) error {
-		return cc.gatherv(ctx, tag, "gatherv", send, recv, counts, displs, root)
-	})
+	return c.run(func(cc *Comm, tag int) error { return cc.gatherv(ctx, tag, what, send, recv, counts, displs, root) })
 }
 
 // gatherv is Gatherv on the collective communicator, in the call's tag;
@@ -125,12 +128,15 @@ func (cc *Comm) gatherv(ctx context.Context, tag int, what string, send, recv []
 // which must be as long. send, counts and displs are used at root only,
 // where the blocks may overlap.
 func (c *Comm) Scatterv(ctx context.Context, send []byte, counts, displs []int, recv []byte, root int) error {
+	return c.scattervAs(ctx, "scatterv", send, counts, displs, recv, root)
+}
+
+// scattervAs is Scatterv, or Scatter (what names the call in errors).
+func (c *Comm) scattervAs(ctx context.Context, what string, send []byte, counts, displs []int, recv []byte, root int) error {
 	if err := c.checkRoot(root); err != nil {
 		return c.refuse(err)
 	}
-	return c.run(func(cc *Comm, tag int) error {
-		return cc.scatterv(ctx, tag, "scatterv", send, counts, displs, recv, root)
-	})
+	return c.run(func(cc *Comm, tag int) error { return cc.scatterv(ctx, tag, what, send, counts, displs, recv, root) })
 }
 
 // scatterv is Scatterv on the collective communicator, in the call's tag;
