@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/transport/internal/transporttest"
@@ -35,24 +34,7 @@ func TestDeviceFatal(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := ends[0]
-	deadline := time.Now().Add(10 * time.Second)
-	for len(e.H.Failed[1]) == 0 || len(e.H.Failed[2]) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no peer failure reported in 10 s: rank 0 heard %v", e.H.Failed)
-		}
-		if _, err := e.Tr.Progress(e.H); err != nil {
-			t.Fatalf("Progress on a dead device: %v", err)
-		}
-		select {
-		case <-e.K.C:
-		case <-time.After(time.Millisecond):
-		}
-	}
-	for range 100 {
-		if _, err := e.Tr.Progress(e.H); err != nil {
-			t.Fatal(err)
-		}
-	}
+	transporttest.AwaitFailed(t, e, 1, 2)
 	if len(e.H.Failed) != 2 {
 		t.Fatalf("rank 0 heard of failures %v; want ranks 1 and 2", e.H.Failed)
 	}

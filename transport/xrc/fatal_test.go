@@ -4,7 +4,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/transport/internal/transporttest"
@@ -25,26 +24,9 @@ func TestDeviceFatal(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := []int{0, 2} // the ranks of node 0
-	deadline := time.Now().Add(10 * time.Second)
 	for _, r := range dead {
 		e := ends[r]
-		for len(e.H.Failed[1]) == 0 || len(e.H.Failed[3]) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("rank %d: no peer failure reported in 10 s: heard %v", r, e.H.Failed)
-			}
-			if _, err := e.Tr.Progress(e.H); err != nil {
-				t.Fatalf("rank %d: Progress on a dead device: %v", r, err)
-			}
-			select {
-			case <-e.K.C:
-			case <-time.After(time.Millisecond):
-			}
-		}
-		for range 100 {
-			if _, err := e.Tr.Progress(e.H); err != nil {
-				t.Fatal(err)
-			}
-		}
+		transporttest.AwaitFailed(t, e, 1, 3)
 		if len(e.H.Failed) != 2 {
 			t.Fatalf("rank %d heard of failures %v; want ranks 1 and 3", r, e.H.Failed)
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -186,5 +187,31 @@ func AfterClose(t testing.TB, tr transport.Transport, peer int) {
 	}
 	if err := tr.Read(peer, make([]byte, 100), make(transport.Remote, 32), 1); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("Read after Close: %v", err)
+	}
+}
+
+// AwaitFailed runs Progress on e until every rank of peers was reported
+// failed, for up to 10 seconds, sleeping on e's kicks a millisecond at a
+// time but never arming (a rank whose device is gone has nothing to arm),
+// and then 100 times more, so that a report made twice shows.
+func AwaitFailed[T Progresser](t testing.TB, e *End[T], peers ...int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for slices.ContainsFunc(peers, func(r int) bool { return len(e.H.Failed[r]) == 0 }) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no failure of ranks %v reported in 10 s: heard %v", peers, e.H.Failed)
+		}
+		if _, err := e.Tr.Progress(e.H); err != nil {
+			t.Fatalf("Progress: %v", err)
+		}
+		select {
+		case <-e.K.C:
+		case <-time.After(time.Millisecond):
+		}
+	}
+	for range 100 {
+		if _, err := e.Tr.Progress(e.H); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
