@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xrcrun/xrc/mlx4"
-	"github.com/xrcrun/xrc/softhca"
 	"github.com/xrcrun/xrc/softhca/hcatest"
 	"github.com/xrcrun/xrc/verbs"
 )
@@ -116,16 +114,7 @@ func TestCloseAfterDeviceGone(t *testing.T) {
 // another process (softhca.Attach) that stops.
 func TestCloseAfterServiceGone(t *testing.T) {
 	s := hcatest.Start(t, t.TempDir())
-	k, err := softhca.Attach(context.Background(), s.Dir, s.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := mlx4.Open(k)
-	if err != nil {
-		k.Close()
-		t.Fatal(err)
-	}
-	c := verbs.NewContext(s.Name, p, verbs.Config{})
+	c := s.Open(t)
 	objs := objects(t, c)
 	if err := s.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -257,6 +257,20 @@ func (s *Service) Counters(t testing.TB) map[string]uint64 {
 // device needs a moment to notice).
 func (s *Service) Attach(t testing.TB) *verbs.Context {
 	t.Helper()
+	c := s.Open(t)
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+		s.WaitClean(t)
+	})
+	return c
+}
+
+// Open opens a context on the device, which the caller closes: Attach
+// without its checks, for a test whose device goes away.
+func (s *Service) Open(t testing.TB) *verbs.Context {
+	t.Helper()
 	k, err := softhca.Attach(context.Background(), s.Dir, s.Name)
 	if err != nil {
 		t.Fatal(err)
@@ -266,14 +280,7 @@ func (s *Service) Attach(t testing.TB) *verbs.Context {
 		k.Close()
 		t.Fatal(err)
 	}
-	c := verbs.NewContext(s.Name, p, verbs.Config{})
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Error(err)
-		}
-		s.WaitClean(t)
-	})
-	return c
+	return verbs.NewContext(s.Name, p, verbs.Config{})
 }
 
 // WaitClean waits until the device holds no PD, MR, CQ, SRQ or QP, and
