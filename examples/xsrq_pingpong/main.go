@@ -74,7 +74,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.dev, "ib-dev", "", "same as -d")
 	both("i", "ib-port", 1, &o.ibPort, "use `port` of the device")
 	both("s", "size", 4096, &o.size, "size of message to exchange")
-	both("m", "mtu", 2048, &mtu, "path MTU")
+	both("m", "mtu", 1024, &mtu, "path MTU")
 	both("c", "clients", 1, &o.clients, "number of clients (server only)")
 	both("n", "num_tests", 5, &o.iters, "number of messages to and from each client")
 	both("l", "sl", 0, &o.sl, "service level value")

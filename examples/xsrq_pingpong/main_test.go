@@ -270,10 +270,24 @@ func TestFlags(t *testing.T) {
 		}
 	}
 	o, err := parse([]string{"--clients", "4", "-num_tests", "7", "host"}, &bytes.Buffer{})
-	if err != nil || o.clients != 1 || o.iters != 7 || o.server != "host" || o.mtu != verbs.MTU2048 {
+	if err != nil || o.clients != 1 || o.iters != 7 || o.server != "host" || o.mtu != verbs.MTU1024 {
 		t.Fatalf("a client's options %+v, %v", o, err)
 	}
 	if err := run(context.Background(), []string{"-o"}, &bytes.Buffer{}, &bytes.Buffer{}); !errors.Is(err, verbs.ErrNotSupported) {
 		t.Fatalf("-o: %v", err)
+	}
+}
+
+// TestDefaults: with no flags, ibv_xsrq_pingpong's defaults (its init()
+// and usage(): path MTU 1024 since rdma-core 0f93a1589, 2017).
+func TestDefaults(t *testing.T) {
+	o, err := parse(nil, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := options{port: 18515, ibPort: 1, size: 4096, mtu: verbs.MTU1024, clients: 1, iters: 5, gidIdx: -1,
+		xrcdFile: "/tmp/xrc_domain"}
+	if *o != want {
+		t.Errorf("defaults %+v, want %+v", *o, want)
 	}
 }
