@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -76,23 +77,29 @@ func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, verbos
 	}
 	fmt.Fprintf(w, "hca_id:\t%s\n", info.Name)
 	p("transport", "%s", transport)
-	p("fw_ver", "%s", a.FwVer)
+	if a.FwVer != "" {
+		p("fw_ver", "%s", a.FwVer)
+	}
 	p("node_guid", "%s", guid(a.NodeGUID))
 	p("sys_image_guid", "%s", guid(a.SysImageGUID))
 	p("vendor_id", "0x%04x", a.VendorID)
 	p("vendor_part_id", "%d", a.VendorPartID)
 	p("hw_ver", "0x%X", a.HWVer)
-	p("phys_port_cnt", "%d", a.PhysPortCnt)
-	p("max_qp", "%d", a.MaxQP)
-	p("max_srq", "%d", a.MaxSRQ)
-	p("device_cap_flags", "0x%08x", uint64(a.DeviceCapFlags))
-	for _, n := range a.DeviceCapFlags.Names() {
-		fmt.Fprintf(w, "\t\t\t\t\t%s\n", n)
+	if id := boardID(info); id != "" {
+		p("board_id", "%s", id)
 	}
+	p("phys_port_cnt", "%d", a.PhysPortCnt)
 	if verbose {
+		// ibv_devinfo -v's order; the limits verbs does not report
+		// (max_ee, max_mw, max_ah, ...) are left out, not printed as 0.
 		p("max_mr_size", "0x%x", a.MaxMRSize)
 		p("page_size_cap", "0x%x", a.PageSizeCap)
+		p("max_qp", "%d", a.MaxQP)
 		p("max_qp_wr", "%d", a.MaxQPWR)
+		p("device_cap_flags", "0x%08x", uint64(a.DeviceCapFlags))
+		for _, n := range a.DeviceCapFlags.Names() {
+			fmt.Fprintf(w, "\t\t\t\t\t%s\n", n)
+		}
 		p("max_sge", "%d", a.MaxSGE)
 		p("max_sge_rd", "%d", a.MaxSGERd)
 		p("max_cq", "%d", a.MaxCQ)
@@ -103,8 +110,11 @@ func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, verbos
 		p("max_res_rd_atom", "%d", a.MaxResRdAtom)
 		p("max_qp_init_rd_atom", "%d", a.MaxQPInitRdAtom)
 		p("atomic_cap", "%s (%d)", atomicName(a.AtomicCap), a.AtomicCap)
-		p("max_srq_wr", "%d", a.MaxSRQWR)
-		p("max_srq_sge", "%d", a.MaxSRQSGE)
+		p("max_srq", "%d", a.MaxSRQ)
+		if a.MaxSRQ != 0 {
+			p("max_srq_wr", "%d", a.MaxSRQWR)
+			p("max_srq_sge", "%d", a.MaxSRQSGE)
+		}
 		p("max_pkeys", "%d", a.MaxPkeys)
 		p("local_ca_ack_delay", "%d", a.LocalCAAckDelay)
 	}
@@ -138,22 +148,58 @@ func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, verbos
 			q("active_width", "%d", pa.ActiveWidth)
 			q("active_speed", "%d", pa.ActiveSpeed)
 			q("phys_state", "%d", pa.PhysState)
-		}
-		fmt.Fprintf(w, "\t\t\tGID[%3d]:\t\t%s\n", 0, pa.GID)
-		if verbose {
-			counters, err := portCounters(ctx, info, port)
-			if err != nil {
+			printGID(w, info, port, pa)
+			if counters, err := portCounters(ctx, info, port); err != nil {
 				fmt.Fprintf(w, "\t\t\tcounters:\t\tunavailable: %v\n", err)
-				continue
-			}
-			fmt.Fprintf(w, "\t\t\tcounters:\n")
-			for _, ct := range counters {
-				fmt.Fprintf(w, "\t\t\t\t%s:%s%d\n", ct.Name, tabs(ct.Name, 4), ct.Value)
+			} else {
+				fmt.Fprintf(w, "\t\t\tcounters:\n")
+				for _, ct := range counters {
+					fmt.Fprintf(w, "\t\t\t\t%s:%s%d\n", ct.Name, tabs(ct.Name, 4), ct.Value)
+				}
 			}
 		}
+		fmt.Fprintln(w) // ibv_devinfo ends each port with a blank line
 	}
-	fmt.Fprintln(w)
 	return nil
+}
+
+// printGID prints the port's GID 0 (the one verbs reports) as ibv_devinfo
+// prints a GID that is not null: a RoCE v2 GID as an IPv6 address, an
+// InfiniBand or RoCE v1 one as eight groups of four hex digits, and on
+// Ethernet ports its type after it.
+func printGID(w io.Writer, info verbs.DeviceInfo, port uint8, pa verbs.PortAttr) {
+	if [8]byte(pa.GID[8:]) == [8]byte{} {
+		return // ibv_devinfo skips GIDs with a null interface ID
+	}
+	// A soft HCA's GIDs are RoCE v2 (its IP address); a kernel device's
+	// type is in sysfs, as ibv_query_gid_type reads it.
+	v2 := info.Driver == "soft"
+	if !v2 {
+		b, _ := os.ReadFile(filepath.Join("/sys/class/infiniband", info.Name, "ports", strconv.Itoa(int(port)),
+			"gid_attrs", "types", "0"))
+		v2 = strings.TrimSpace(string(b)) == "RoCE v2"
+	}
+	s, typ := pa.GID.String(), "RoCE v1"
+	if v2 {
+		s, typ = netip.AddrFrom16(pa.GID).String(), "RoCE v2"
+	}
+	if pa.LinkLayer == verbs.LinkLayerEthernet {
+		s += ", " + typ
+	}
+	fmt.Fprintf(w, "\t\t\tGID[%3d]:\t\t%s\n", 0, s)
+}
+
+// boardID is a kernel device's board_id from sysfs, as ibv_devinfo reads
+// it; "" for a software HCA, which has none.
+func boardID(info verbs.DeviceInfo) string {
+	if info.Driver == "soft" {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/class/infiniband", info.Name, "board_id"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // tabs pads a label indented by indent tabs to the value column, as
@@ -182,7 +228,7 @@ func atomicName(a verbs.AtomicCap) string {
 	case verbs.AtomicGlob:
 		return "ATOMIC_GLOB"
 	}
-	return "invalid"
+	return "invalid atomic capability"
 }
 
 // portCounters reads a port's counters: from the device service for a

@@ -64,7 +64,7 @@ func TestHCAAndDevices(t *testing.T) {
 	stop := startHCA(t, "soft7")
 
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"devices"}, &out, os.Stderr); err != nil {
+	if err := run(context.Background(), []string{"devices", "-v"}, &out, os.Stderr); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"hca_id:\tsoft7\n", "\ttransport:\t\t\tsoftware", "\tnode_guid:\t\t\t", "\tmax_qp:\t\t\t\t",

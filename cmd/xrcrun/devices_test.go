@@ -1,0 +1,70 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/xrcrun/xrc/softhca"
+)
+
+// labels lists the labels of devices' output in order, up to the port
+// counters (which ibv_devinfo does not print): the text before the colon
+// of every line that has one.
+func labels(out string) []string {
+	var l []string
+	for _, line := range strings.Split(out, "\n") {
+		name, _, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue // a blank line, a device_cap_flags name
+		}
+		if name == "counters" {
+			break
+		}
+		l = append(l, name)
+	}
+	return l
+}
+
+// TestDevicesLayout: devices prints ibv_devinfo's lines in ibv_devinfo's
+// order (rdma-core libibverbs/examples/devinfo.c, print_hca_cap): without
+// -v the device's identity and each port's state, with -v the device's
+// limits between phys_port_cnt and the ports, and each port's GIDs.
+func TestDevicesLayout(t *testing.T) {
+	t.Setenv(softhca.RuntimeDirEnv, t.TempDir())
+	startHCA(t, "soft9")
+	brief := []string{"hca_id", "transport", "fw_ver", "node_guid", "sys_image_guid", "vendor_id", "vendor_part_id",
+		"hw_ver", "phys_port_cnt"}
+	port := []string{"port", "state", "max_mtu", "active_mtu", "sm_lid", "port_lid", "port_lmc", "link_layer"}
+	limits := []string{"max_mr_size", "page_size_cap", "max_qp", "max_qp_wr", "device_cap_flags", "max_sge",
+		"max_sge_rd", "max_cq", "max_cqe", "max_mr", "max_pd", "max_qp_rd_atom", "max_res_rd_atom",
+		"max_qp_init_rd_atom", "atomic_cap", "max_srq", "max_srq_wr", "max_srq_sge", "max_pkeys", "local_ca_ack_delay"}
+	portMore := []string{"max_msg_sz", "port_cap_flags", "max_vl_num", "bad_pkey_cntr", "qkey_viol_cntr", "sm_sl",
+		"pkey_tbl_len", "gid_tbl_len", "subnet_timeout", "init_type_reply", "active_width", "active_speed",
+		"phys_state", "GID[  0]"}
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"devices"}, slices.Concat(brief, port)},
+		{[]string{"devices", "-v"}, slices.Concat(brief, limits, port, portMore)},
+	} {
+		var out bytes.Buffer
+		if err := run(context.Background(), tc.args, &out, os.Stderr); err != nil {
+			t.Fatal(err)
+		}
+		if got := labels(out.String()); !slices.Equal(got, tc.want) {
+			t.Errorf("xrcrun %s prints\n%q\nwant\n%q\n%s", strings.Join(tc.args, " "), got, tc.want, out.String())
+		}
+		// A soft HCA's GID is RoCE v2 (its IPv4 address, mapped), on an
+		// Ethernet port: inet_ntop's form and the type.
+		if gid := regexp.MustCompile(`\t\t\tGID\[  0\]:\t\t::ffff:127(\.[0-9]+){3}, RoCE v2\n`); len(tc.args) > 1 &&
+			!gid.MatchString(out.String()) {
+			t.Errorf("xrcrun %s prints no GID line matching %s:\n%s", strings.Join(tc.args, " "), gid, out.String())
+		}
+	}
+}
