@@ -24,16 +24,44 @@ import (
 func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("xrcrun devices", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	verbose := fs.Bool("v", false, "print all attributes and the port counters")
-	only := fs.String("d", "", "print only the device called `name`")
+	var verbose, list bool
+	var only string
+	var port int
+	fs.BoolVar(&verbose, "v", false, "print all attributes and the port counters")
+	fs.BoolVar(&verbose, "verbose", false, "same as -v")
+	fs.StringVar(&only, "d", "", "print only the device called `name`")
+	fs.StringVar(&only, "ib-dev", "", "same as -d")
+	fs.IntVar(&port, "i", 0, "print only `port` of the device (default all ports)")
+	fs.IntVar(&port, "ib-port", 0, "same as -i")
+	fs.BoolVar(&list, "l", false, "print only the devices' names")
+	fs.BoolVar(&list, "list", false, "same as -l")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: xrcrun devices [-v] [-d NAME]")
+		fmt.Fprintln(stderr, "usage: xrcrun devices [-v] [-l] [-d NAME] [-i PORT]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	portSet := false
+	fs.Visit(func(f *flag.Flag) { portSet = portSet || f.Name == "i" || f.Name == "ib-port" })
+	if portSet && port <= 0 {
+		// ibv_devinfo: usage, and failure.
+		fs.Usage()
+		return fmt.Errorf("xrcrun devices: -i %d: ports are numbered from 1", port)
+	}
 	devs, err := verbs.Devices()
+	if list {
+		// ibv_devinfo -l: the names, also when there are none.
+		if err != nil && len(devs) == 0 {
+			return err
+		}
+		fmt.Fprintf(stdout, "%d HCA%s found:\n", len(devs), map[bool]string{true: "s"}[len(devs) != 1])
+		for _, info := range devs {
+			fmt.Fprintf(stdout, "\t%s\n", info.Name)
+		}
+		fmt.Fprintln(stdout)
+		return nil
+	}
 	if len(devs) == 0 {
 		// As ibv_devinfo: no device is a failure, told on stderr.
 		return errors.Join(errNoDevices, err)
@@ -41,16 +69,16 @@ func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var errs []error
 	found := false
 	for _, info := range devs {
-		if *only != "" && info.Name != *only {
+		if only != "" && info.Name != only {
 			continue
 		}
 		found = true
-		if err := printDevice(ctx, stdout, info, *verbose); err != nil {
+		if err := printDevice(ctx, stdout, info, port, verbose); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", info.Name, err))
 		}
 	}
 	if !found {
-		return fmt.Errorf("IB device '%s' wasn't found", *only)
+		return fmt.Errorf("IB device '%s' wasn't found", only)
 	}
 	return errors.Join(errs...)
 }
@@ -58,7 +86,9 @@ func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // errNoDevices is runDevices' failure when it finds no device at all.
 var errNoDevices = errors.New("No IB devices found") // ibv_devinfo's words
 
-func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, verbose bool) error {
+// printDevice prints one device and its ports, or only port onePort if
+// it is not 0.
+func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, onePort int, verbose bool) error {
 	c, err := verbs.Open(ctx, info.Name, verbs.Config{})
 	if err != nil {
 		return err
@@ -67,6 +97,9 @@ func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, verbos
 	a, err := c.QueryDevice()
 	if err != nil {
 		return err
+	}
+	if onePort > int(a.PhysPortCnt) {
+		return errors.New("Invalid port requested for device") // ibv_devinfo's words
 	}
 	transport := "InfiniBand (0)"
 	if info.Driver == "soft" {
@@ -119,6 +152,9 @@ func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, verbos
 		p("local_ca_ack_delay", "%d", a.LocalCAAckDelay)
 	}
 	for port := uint8(1); port <= a.PhysPortCnt; port++ {
+		if onePort != 0 && int(port) != onePort {
+			continue
+		}
 		pa, err := c.QueryPort(port)
 		if err != nil {
 			return err

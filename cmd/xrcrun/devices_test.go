@@ -68,3 +68,39 @@ func TestDevicesLayout(t *testing.T) {
 		}
 	}
 }
+
+// TestDevicesFlags: ibv_devinfo's -l (--list) and -i (--ib-port), and the
+// long forms of -d and -v (devinfo.c, main and print_hca_cap).
+func TestDevicesFlags(t *testing.T) {
+	t.Setenv(softhca.RuntimeDirEnv, t.TempDir())
+	startHCA(t, "soft10")
+	devices := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(context.Background(), append([]string{"devices"}, args...), &out, &bytes.Buffer{})
+		return out.String(), err
+	}
+	for _, args := range [][]string{{"-l"}, {"--list"}} {
+		if out, err := devices(args...); err != nil || out != "1 HCA found:\n\tsoft10\n\n" {
+			t.Errorf("devices %s: %q, %v", args[0], out, err)
+		}
+	}
+	all, err := devices("-v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"-i", "1", "-v"}, {"--ib-port", "1", "--verbose", "--ib-dev", "soft10"}} {
+		if out, err := devices(args...); err != nil || labels(out) == nil || !slices.Equal(labels(out), labels(all)) {
+			t.Errorf("devices %q: %v\n%s\nwant\n%s", args, err, out, all)
+		}
+	}
+	// A port the device does not have fails, printing nothing of it;
+	// so does a port that is not positive.
+	if out, err := devices("-i", "2"); err == nil || !strings.Contains(err.Error(), "Invalid port requested for device") || out != "" {
+		t.Errorf("devices -i 2: %q, %v", out, err)
+	}
+	for _, bad := range []string{"0", "-1"} {
+		if _, err := devices("-i", bad); err == nil {
+			t.Errorf("devices -i %s: no error", bad)
+		}
+	}
+}

@@ -2,7 +2,7 @@
 //
 //	xrcrun [flags] PROGRAM [ARGS]               run PROGRAM as the ranks of a job
 //	xrcrun hca --name soft0 --addr 127.0.1.1   run a software HCA until stopped
-//	xrcrun devices [-v]                          list RDMA devices, as ibv_devinfo
+//	xrcrun devices [-v -l -d DEV -i PORT]       list RDMA devices, as ibv_devinfo
 //
 // Run "xrcrun -h" for the launcher's flags and "xrcrun <command> -h" for a
 // command's. docs/xrcrun.md describes the launcher.
