@@ -173,7 +173,7 @@ func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, onePor
 		if verbose {
 			q("max_msg_sz", "0x%x", pa.MaxMsgSz)
 			q("port_cap_flags", "0x%08x", pa.PortCapFlags)
-			q("max_vl_num", "%d", pa.MaxVLNum)
+			q("max_vl_num", "%s (%d)", vlName(pa.MaxVLNum), pa.MaxVLNum)
 			q("bad_pkey_cntr", "0x%x", pa.BadPkeyCntr)
 			q("qkey_viol_cntr", "0x%x", pa.QkeyViolCntr)
 			q("sm_sl", "%d", pa.SMSL)
@@ -181,9 +181,9 @@ func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, onePor
 			q("gid_tbl_len", "%d", pa.GIDTblLen)
 			q("subnet_timeout", "%d", pa.SubnetTimeout)
 			q("init_type_reply", "%d", 0)
-			q("active_width", "%d", pa.ActiveWidth)
-			q("active_speed", "%d", pa.ActiveSpeed)
-			q("phys_state", "%d", pa.PhysState)
+			q("active_width", "%sX (%d)", widthName(pa.ActiveWidth), pa.ActiveWidth)
+			q("active_speed", "%s (%d)", speedName(pa.ActiveSpeed), pa.ActiveSpeed)
+			q("phys_state", "%s (%d)", physStateName(pa.PhysState), pa.PhysState)
 			printGID(w, info, port, pa)
 			if counters, err := portCounters(ctx, info, port); err != nil {
 				fmt.Fprintf(w, "\t\t\tcounters:\t\tunavailable: %v\n", err)
@@ -265,6 +265,39 @@ func atomicName(a verbs.AtomicCap) string {
 		return "ATOMIC_GLOB"
 	}
 	return "invalid atomic capability"
+}
+
+// The names ibv_devinfo -v gives a port's encoded values (IBTA encodings
+// of PortInfo).
+
+func vlName(n uint8) string {
+	if v, ok := map[uint8]string{1: "1", 2: "2", 3: "4", 4: "8", 5: "15"}[n]; ok {
+		return v
+	}
+	return "invalid value"
+}
+
+func widthName(w uint8) string {
+	if v, ok := map[uint8]string{1: "1", 2: "4", 4: "8", 8: "12", 16: "2"}[w]; ok {
+		return v
+	}
+	return "invalid width"
+}
+
+func speedName(s uint8) string {
+	if v, ok := map[uint8]string{1: "2.5 Gbps", 2: "5.0 Gbps", 4: "10.0 Gbps", 8: "10.0 Gbps", 16: "14.0 Gbps",
+		32: "25.0 Gbps", 64: "50.0 Gbps", 128: "100.0 Gbps"}[s]; ok {
+		return v
+	}
+	return "invalid speed"
+}
+
+func physStateName(s uint8) string {
+	if v, ok := map[uint8]string{1: "SLEEP", 2: "POLLING", 3: "DISABLED", 4: "PORT_CONFIGURATION TRAINNING",
+		5: "LINK_UP", 6: "LINK_ERROR_RECOVERY", 7: "PHY TEST"}[s]; ok {
+		return v // TRAINNING: ibv_devinfo's spelling
+	}
+	return "invalid physical state"
 }
 
 // portCounters reads a port's counters: from the device service for a

@@ -104,3 +104,22 @@ func TestDevicesFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestDevicesPortValues: devices -v prints a port's VL count, width, speed
+// and physical state as ibv_devinfo -v does, the name and then the number
+// (devinfo.c: vl_str, width_str, speed_str, port_phy_state_str).
+func TestDevicesPortValues(t *testing.T) {
+	t.Setenv(softhca.RuntimeDirEnv, t.TempDir())
+	startHCA(t, "soft11")
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"devices", "-v"}, &out, os.Stderr); err != nil {
+		t.Fatal(err)
+	}
+	// The soft HCA's port: 1 VL, 1X, 25 Gb/s (EDR), link up.
+	for _, want := range []string{"\t\t\tmax_vl_num:\t\t1 (1)\n", "\t\t\tactive_width:\t\t1X (1)\n",
+		"\t\t\tactive_speed:\t\t25.0 Gbps (32)\n", "\t\t\tphys_state:\t\tLINK_UP (5)\n"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("devices -v prints no %q:\n%s", want, out.String())
+		}
+	}
+}
