@@ -101,15 +101,13 @@ func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, onePor
 	if onePort > int(a.PhysPortCnt) {
 		return errors.New("Invalid port requested for device") // ibv_devinfo's words
 	}
-	transport := "InfiniBand (0)"
-	if info.Driver == "soft" {
-		transport = "software (soft HCA, RoCEv2 on UDP)"
-	}
 	p := func(name string, format string, v ...any) {
 		fmt.Fprintf(w, "\t%s:%s"+format+"\n", append([]any{name, tabs(name, 1)}, v...)...)
 	}
 	fmt.Fprintf(w, "hca_id:\t%s\n", info.Name)
-	p("transport", "%s", transport)
+	// Every device here is InfiniBand or RoCE (a soft HCA is RoCE v2, as
+	// rxe is), IBV_TRANSPORT_IB to libibverbs.
+	p("transport", "%s", "InfiniBand (0)")
 	if a.FwVer != "" {
 		p("fw_ver", "%s", a.FwVer)
 	}

@@ -115,6 +115,11 @@ func TestDevicesPortValues(t *testing.T) {
 	if err := run(context.Background(), []string{"devices", "-v"}, &out, os.Stderr); err != nil {
 		t.Fatal(err)
 	}
+	// A soft HCA is a RoCE device, whose transport libibverbs reports as
+	// InfiniBand, as for rxe.
+	if want := "\ttransport:\t\t\tInfiniBand (0)\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("devices -v prints no %q:\n%s", want, out.String())
+	}
 	// The soft HCA's port: 1 VL, 1X, 25 Gb/s (EDR), link up.
 	for _, want := range []string{"\t\t\tmax_vl_num:\t\t1 (1)\n", "\t\t\tactive_width:\t\t1X (1)\n",
 		"\t\t\tactive_speed:\t\t25.0 Gbps (32)\n", "\t\t\tphys_state:\t\tLINK_UP (5)\n"} {

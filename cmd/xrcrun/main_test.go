@@ -67,7 +67,7 @@ func TestHCAAndDevices(t *testing.T) {
 	if err := run(context.Background(), []string{"devices", "-v"}, &out, os.Stderr); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"hca_id:\tsoft7\n", "\ttransport:\t\t\tsoftware", "\tnode_guid:\t\t\t", "\tmax_qp:\t\t\t\t",
+	for _, want := range []string{"hca_id:\tsoft7\n", "\ttransport:\t\t\tInfiniBand (0)\n", "\tnode_guid:\t\t\t", "\tmax_qp:\t\t\t\t",
 		"\tmax_srq:\t\t\t", "\tdevice_cap_flags:\t\t0x", "\t\t\t\t\tRC_RNR_NAK_GEN\n", "\t\tport:\t1\n",
 		"\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n", "\t\t\tactive_mtu:\t\t4096 (5)\n", "\t\t\tlink_layer:\t\tEthernet\n", "\t\t\tGID[  0]:\t\t"} {
 		if !strings.Contains(out.String(), want) {
