@@ -158,11 +158,19 @@ var deviceCapNames = map[DeviceCap]string{
 	DeviceCapSysImageGUID: "SYS_IMAGE_GUID", DeviceCapRCRNRNakGen: "RC_RNR_NAK_GEN",
 	DeviceCapSRQResize: "SRQ_RESIZE", DeviceCapNNotifyCQ: "N_NOTIFY_CQ", DeviceCapMemWindow: "MEM_WINDOW",
 	DeviceCapXRC: "XRC", DeviceCapMemMgtExtensions: "MEM_MGT_EXTENSIONS",
+	// The other flags of enum ibv_device_cap_flags, which this package
+	// does not use but ibv_devinfo names.
+	1 << 3: "RAW_MULTI", 1 << 4: "AUTO_PATH_MIG", 1 << 9: "INIT_TYPE", 1 << 18: "UD_IP_CSUM",
+	1 << 23: "MEM_WINDOW_TYPE_2A", 1 << 24: "MEM_WINDOW_TYPE_2B", 1 << 25: "RC_IP_CSUM", 1 << 26: "RAW_IP_CSUM",
+	1 << 29: "MANAGED_FLOW_STEERING",
 }
 
-// Names lists the set flags by their ibv_devinfo names.
+// Names lists the set flags by their ibv_devinfo names, in bit order, and
+// then, as ibv_devinfo does, the flags without a name in one
+// "Unknown flags: 0x…" entry.
 func (c DeviceCap) Names() []string {
 	var out []string
+	var unknown DeviceCap
 	for bit := DeviceCap(1); bit != 0; bit <<= 1 {
 		if c&bit == 0 {
 			continue
@@ -170,8 +178,11 @@ func (c DeviceCap) Names() []string {
 		if n, ok := deviceCapNames[bit]; ok {
 			out = append(out, n)
 		} else {
-			out = append(out, fmt.Sprintf("Unknown flags: %#x", uint64(bit)))
+			unknown |= bit
 		}
+	}
+	if unknown != 0 {
+		out = append(out, fmt.Sprintf("Unknown flags: 0x%X", uint64(unknown)))
 	}
 	return out
 }
