@@ -57,8 +57,15 @@ type options struct {
 	events   bool
 	gidIdx   int
 	validate bool
-	self     bool
-	server   string
+	// odp (-o, or -O with implicit), prefetch (-P), ts (-t), dm (-j),
+	// newSend (-N) and ccUnprotected (-U) are ibv_rc_pingpong's other
+	// flags; run refuses the first four (no device here has on-demand
+	// paging, completion timestamps or device memory), the last two
+	// change nothing (one post API; no confidential-computing guest).
+	odp, implicitODP, prefetch, ts, dm, newSend, ccUnprotected bool
+
+	self   bool
+	server string
 	// ln, with -self, is the server's listener, open before either side
 	// starts, so that the client's one dial finds it however long the
 	// server takes to set up.
@@ -87,6 +94,17 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	both("g", "gid-idx", -1, &o.gidIdx, "local port gid `index` (on Ethernet ports, 0 when not given)")
 	fs.BoolVar(&o.validate, "c", false, "validate received buffer")
 	fs.BoolVar(&o.validate, "chk", false, "same as -c")
+	boolBoth := func(short, long string, p *bool, usage string) {
+		fs.BoolVar(p, short, false, usage)
+		fs.BoolVar(p, long, false, "same as -"+short)
+	}
+	boolBoth("o", "odp", &o.odp, "use on demand paging (no device here has it)")
+	boolBoth("O", "iodp", &o.implicitODP, "use implicit on demand paging (no device here has it)")
+	boolBoth("P", "prefetch", &o.prefetch, "prefetch an ODP MR")
+	boolBoth("t", "ts", &o.ts, "get CQE with timestamp (no device here has it)")
+	boolBoth("j", "dm", &o.dm, "use device memory (no device here has it)")
+	boolBoth("N", "new_send", &o.newSend, "use new post send WR API (one API here: the same as without)")
+	boolBoth("U", "allow-cc-unprotected", &o.ccUnprotected, "allow allocation of unprotected/shared memory on CoCo guests (none here: no effect)")
 	fs.BoolVar(&o.self, "self", false, "run the server and a client in this process, each on a software HCA of its own (with -d: both on that device)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage:\n  rc_pingpong            start a server and wait for connection\n  rc_pingpong <host>     connect to server at <host>\n\nOptions:\n")
@@ -106,6 +124,18 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	default:
 		fs.Usage()
 		return nil, errors.New("rc_pingpong: at most one host")
+	}
+	o.odp = o.odp || o.implicitODP
+	// ibv_rc_pingpong's checks of its flags' combinations, and its words.
+	switch {
+	case o.odp && o.dm:
+		return nil, errors.New("rc_pingpong: DM memory region can't be on demand")
+	case o.ccUnprotected && o.odp:
+		return nil, errors.New("rc_pingpong: CoCo unprotected memory cannot be used with ODP")
+	case o.ccUnprotected && o.dm:
+		return nil, errors.New("rc_pingpong: CoCo unprotected memory cannot be used with device memory")
+	case !o.odp && o.prefetch:
+		return nil, errors.New("rc_pingpong: prefetch is valid only with on-demand memory region")
 	}
 	if _, err := verbs.MTUFromBytes(o.mtu); err != nil {
 		return nil, fmt.Errorf("rc_pingpong: -m %d: %w", o.mtu, err)
@@ -130,6 +160,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parse(args, stderr)
 	if err != nil {
 		return err
+	}
+	// What ibv_rc_pingpong says of a device without these features; no
+	// device here (soft HCA, mlx4) has them.
+	switch {
+	case o.odp:
+		return fmt.Errorf("rc_pingpong: The device isn't ODP capable or does not support RC send and receive with ODP: %w", verbs.ErrNotSupported)
+	case o.ts:
+		return fmt.Errorf("rc_pingpong: The device isn't completion timestamp capable: %w", verbs.ErrNotSupported)
+	case o.dm:
+		return fmt.Errorf("rc_pingpong: Device doesn't support dm allocation: %w", verbs.ErrNotSupported)
 	}
 	if o.self {
 		return runSelf(ctx, o, stdout)

@@ -265,3 +265,35 @@ func TestDestWire(t *testing.T) {
 		t.Fatal("bad message parsed")
 	}
 }
+
+// TestOtherFlags: ibv_rc_pingpong's flags beyond the basic ones (rdma-core
+// libibverbs/examples/rc_pingpong.c, main and pp_init_ctx), with its
+// checks of their combinations and its messages. No device here has
+// on-demand paging, completion timestamps or device memory, so those fail
+// as the C tool fails on such a device; -N (the other post API) and -U
+// (memory for confidential-computing guests) change nothing here.
+func TestOtherFlags(t *testing.T) {
+	for _, args := range [][]string{{"-N", "-U"}, {"--new_send", "--allow-cc-unprotected", "host"}} {
+		if _, err := parse(args, &bytes.Buffer{}); err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string // the error's text
+	}{
+		{[]string{"-o", "-j"}, "DM memory region can't be on demand"},
+		{[]string{"-U", "-o"}, "CoCo unprotected memory cannot be used with ODP"},
+		{[]string{"--allow-cc-unprotected", "--dm"}, "CoCo unprotected memory cannot be used with device memory"},
+		{[]string{"-P"}, "prefetch is valid only with on-demand memory region"},
+	} {
+		if _, err := parse(tc.args, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+	for _, args := range [][]string{{"-o"}, {"--odp"}, {"-O", "-P"}, {"--iodp"}, {"-t"}, {"--ts"}, {"-j"}, {"--dm"}} {
+		if err := run(context.Background(), append(args, "-self"), &bytes.Buffer{}, &bytes.Buffer{}); !errors.Is(err, verbs.ErrNotSupported) {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
