@@ -209,7 +209,7 @@ func printGID(w io.Writer, info verbs.DeviceInfo, port uint8, pa verbs.PortAttr)
 	// type is in sysfs, as ibv_query_gid_type reads it.
 	v2 := info.Driver == "soft"
 	if !v2 {
-		b, _ := os.ReadFile(filepath.Join("/sys/class/infiniband", info.Name, "ports", strconv.Itoa(int(port)),
+		b, _ := os.ReadFile(filepath.Join(sysfsClass, info.Name, "ports", strconv.Itoa(int(port)),
 			"gid_attrs", "types", "0"))
 		v2 = strings.TrimSpace(string(b)) == "RoCE v2"
 	}
@@ -229,7 +229,7 @@ func boardID(info verbs.DeviceInfo) string {
 	if info.Driver == "soft" {
 		return ""
 	}
-	b, err := os.ReadFile(filepath.Join("/sys/class/infiniband", info.Name, "board_id"))
+	b, err := os.ReadFile(filepath.Join(sysfsClass, info.Name, "board_id"))
 	if err != nil {
 		return ""
 	}
@@ -298,26 +298,40 @@ func physStateName(s uint8) string {
 	return "invalid physical state"
 }
 
+// sysfsClass is where the kernel shows its RDMA devices (tests change it).
+var sysfsClass = "/sys/class/infiniband"
+
 // portCounters reads a port's counters: from the device service for a
 // software HCA, from sysfs for a kernel device.
 func portCounters(ctx context.Context, info verbs.DeviceInfo, port uint8) ([]softhca.Counter, error) {
 	if info.Driver == "soft" {
 		return softhca.QueryCounters(ctx, "", info.Name)
 	}
-	dir := filepath.Join("/sys/class/infiniband", info.Name, "ports", strconv.Itoa(int(port)), "counters")
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, err
-	}
+	// The PMA's counters, and the driver's (hw_counters: retries,
+	// sequence errors, ...), which a driver may not have.
+	portDir := filepath.Join(sysfsClass, info.Name, "ports", strconv.Itoa(int(port)))
 	var out []softhca.Counter
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+	for _, group := range []string{"counters", "hw_counters"} {
+		dir := filepath.Join(portDir, group)
+		ents, err := os.ReadDir(dir)
 		if err != nil {
-			continue // some counters are not readable by everyone
+			if group == "counters" {
+				return nil, err
+			}
+			continue
 		}
-		v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-		if err == nil {
-			out = append(out, softhca.Counter{Name: e.Name(), Value: v})
+		for _, e := range ents {
+			if group == "hw_counters" && e.Name() == "lifespan" {
+				continue // how long the driver caches them, in ms
+			}
+			b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+			if err != nil {
+				continue // some counters are not readable by everyone
+			}
+			v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+			if err == nil {
+				out = append(out, softhca.Counter{Name: e.Name(), Value: v})
+			}
 		}
 	}
 	slices.SortFunc(out, func(a, b softhca.Counter) int { return strings.Compare(a.Name, b.Name) })

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/verbs"
 )
 
 // labels lists the labels of devices' output in order, up to the port
@@ -126,5 +128,31 @@ func TestDevicesPortValues(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("devices -v prints no %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// TestKernelPortCounters: a kernel device's port counters are those of
+// sysfs's ports/N/counters (the PMA's) and ports/N/hw_counters (the
+// driver's: local_ack_timeout_err, out_of_sequence, ...), as
+// drivers/infiniband/core/sysfs.c makes them; hw_counters/lifespan is a
+// setting, not a counter.
+func TestKernelPortCounters(t *testing.T) {
+	sysfsClass = t.TempDir()
+	t.Cleanup(func() { sysfsClass = "/sys/class/infiniband" })
+	port := filepath.Join(sysfsClass, "mlx4_0", "ports", "1")
+	for file, v := range map[string]string{"counters/port_xmit_data": "100\n", "counters/port_rcv_errors": "2\n",
+		"hw_counters/out_of_sequence": "7\n", "hw_counters/local_ack_timeout_err": "3\n", "hw_counters/lifespan": "10\n"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(port, file)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(port, file), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := portCounters(context.Background(), verbs.DeviceInfo{Name: "mlx4_0", Driver: "mlx4"}, 1)
+	want := []softhca.Counter{{Name: "local_ack_timeout_err", Value: 3}, {Name: "out_of_sequence", Value: 7},
+		{Name: "port_rcv_errors", Value: 2}, {Name: "port_xmit_data", Value: 100}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("counters %v, %v; want %v", got, err, want)
 	}
 }
