@@ -62,8 +62,9 @@ func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintln(stdout)
 		return nil
 	}
-	if len(devs) == 0 {
-		// As ibv_devinfo: no device is a failure, told on stderr.
+	if len(devs) == 0 && (only == "" || err != nil) {
+		// As ibv_devinfo: no device is a failure, told on stderr (with
+		// -d, that the device was not found, below).
 		return errors.Join(errNoDevices, err)
 	}
 	var errs []error

@@ -195,12 +195,19 @@ func TestNoDevices(t *testing.T) {
 	if devs, _ := verbs.Devices(); len(devs) > 0 {
 		t.Skipf("this machine has devices: %v", devs)
 	}
-	for _, args := range [][]string{{"devices"}, {"devices", "-d", "nosuch"}} {
+	for _, args := range [][]string{{"devices"}, {"devices", "-v"}} {
 		var out bytes.Buffer
 		err := run(context.Background(), args, &out, os.Stderr)
 		if !errors.Is(err, errNoDevices) || out.Len() > 0 {
 			t.Errorf("xrcrun %q: %v, stdout %q", args, err, out.String())
 		}
+	}
+	// With -d, ibv_devinfo looks for the device among none, and says it
+	// was not found (devinfo.c, main).
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"devices", "-d", "nosuch"}, &out, os.Stderr); err == nil ||
+		err.Error() != "IB device 'nosuch' wasn't found" || out.Len() > 0 {
+		t.Errorf("xrcrun devices -d nosuch: %v, stdout %q", err, out.String())
 	}
 }
 
