@@ -150,8 +150,9 @@ func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, onePor
 		p("max_pkeys", "%d", a.MaxPkeys)
 		p("local_ca_ack_delay", "%d", a.LocalCAAckDelay)
 	}
-	for port := uint8(1); port <= a.PhysPortCnt; port++ {
-		if onePort != 0 && int(port) != onePort {
+	for n := 1; n <= int(a.PhysPortCnt); n++ { // an int: a uint8 would wrap at 255 ports
+		port := uint8(n)
+		if onePort != 0 && n != onePort {
 			continue
 		}
 		pa, err := c.QueryPort(port)

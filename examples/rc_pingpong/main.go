@@ -425,7 +425,7 @@ func pingpong(ctx context.Context, dev *verbs.Context, o *options, out io.Writer
 			// ibv_rc_pingpong's marker is i/page_size % sizeof(char),
 			// which is 0 in every page (against the buffer's 0x7b), so
 			// that this tool and the C one check each other's pages.
-			for i := 0; i < o.size; i += 4096 {
+			for i := 0; i < o.size; i += os.Getpagesize() {
 				buf[i] = pageMarker
 			}
 		}
@@ -490,17 +490,18 @@ func pingpong(ctx context.Context, dev *verbs.Context, o *options, out io.Writer
 	fmt.Fprintf(out, "%d bytes in %.2f seconds = %.2f Mbit/sec\n", bytes, usec/1e6, float64(bytes)*8/usec)
 	fmt.Fprintf(out, "%d iters in %.2f seconds = %.2f usec/iter\n", o.iters, usec/1e6, usec/float64(o.iters))
 	if o.server == "" && o.validate {
-		for i := 0; i < o.size; i += 4096 {
+		for i := 0; i < o.size; i += os.Getpagesize() {
 			if buf[i] != pageMarker {
-				fmt.Fprintf(out, "invalid data in page %d\n", i/4096)
+				fmt.Fprintf(out, "invalid data in page %d\n", i/os.Getpagesize())
 			}
 		}
 	}
 	return nil
 }
 
-// pageMarker is what the client writes at the start of each 4 KiB page of
-// its message with -c, and the server checks.
+// pageMarker is what the client writes at the start of each page of its
+// message with -c (the machine's page size, sysconf(_SC_PAGESIZE) in the C
+// tool), and the server checks.
 const pageMarker = 0
 
 // gidString prints a GID as inet_ntop prints an IPv6 address.
