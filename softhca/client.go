@@ -25,7 +25,8 @@ type Client struct {
 	channels   map[int32]*compChannel // by the fd number the client was given
 	asyncDev   int                    // the device's end of the async event socket
 	asyncUser  int                    // the client's end, until GET_CONTEXT hands it out
-	handedOut  []int                  // event fds given to the client since takeHandedOut
+	handedOut  []handedFile           // event files given to the client since takeHandedOut
+	lastID     int32                  // the last event file id given to a remote client
 	// remote: the client is in another process, whose descriptor numbers
 	// mean nothing here; passed holds the files it passed along with the
 	// command being run (OPEN_XRCD's), nil when none.
@@ -100,10 +101,31 @@ func object[T any](c *Client, h uint32) (T, error) {
 	return o, nil
 }
 
-// takeHandedOut returns the event fds given to the client since the last
-// call. A client in another process gets them passed over its socket, and
-// the device then closes its copies.
-func (c *Client) takeHandedOut() []int {
+// handedFile is an event file given to the client: the device's
+// descriptor of the client's end, and the number commands name it by.
+type handedFile struct {
+	fd int
+	id int32
+}
+
+// eventID returns the number by which the client knows the client end fd
+// of an event file. A client in this process has the descriptor itself. A
+// client in another process gets fd passed, and the device then closes its
+// copy, whose number another file soon takes here while the client still
+// has this one: it gets a number of its own, never reused. Caller holds
+// d.mu.
+func (c *Client) eventID(fd int) int32 {
+	if !c.remote {
+		return int32(fd)
+	}
+	c.lastID++
+	return c.lastID
+}
+
+// takeHandedOut returns the event files given to the client since the
+// last call. A client in another process gets them passed over its socket,
+// and the device then closes its copies.
+func (c *Client) takeHandedOut() []handedFile {
 	c.d.mu.Lock()
 	defer c.d.mu.Unlock()
 	fds := c.handedOut

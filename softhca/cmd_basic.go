@@ -26,14 +26,15 @@ func (d *Device) cmdGetContext(r *request) ([]byte, error) {
 	if c.hasContext {
 		return nil, unix.Error(unix.EINVAL, "context already allocated")
 	}
-	core := uverbs.GetContextResp{AsyncFD: uint32(c.asyncUser), NumCompVectors: numCompVectors}
+	id := c.eventID(c.asyncUser)
+	core := uverbs.GetContextResp{AsyncFD: uint32(id), NumCompVectors: numCompVectors}
 	drv := mlx4abi.IBAllocUcontextResp{QPTabSize: maxQP, CQESize: cqeSize}
 	resp, err := response(r, &core, &drv)
 	if err != nil {
 		return nil, err
 	}
 	c.hasContext = true
-	c.handedOut = append(c.handedOut, c.asyncUser)
+	c.handedOut = append(c.handedOut, handedFile{fd: c.asyncUser, id: id})
 	c.asyncUser = -1 // the client owns it now
 	return resp, nil
 }
@@ -244,13 +245,24 @@ func (d *Device) cmdCreateCompChannel(r *request) ([]byte, error) {
 		return nil, err
 	}
 	ch := &compChannel{dev: fds[0], user: fds[1], refs: 1}
-	if old := r.c.channels[int32(fds[1])]; old != nil {
+	id := r.c.eventID(fds[1])
+	if old := r.c.channels[id]; old != nil {
 		// The client closed its end of the old channel, or the number
 		// could not have been reused: drop the table's reference.
 		old.release()
 	}
-	r.c.channels[int32(fds[1])] = ch
-	r.c.handedOut = append(r.c.handedOut, fds[1])
-	core.FD = uint32(fds[1])
+	if r.c.remote {
+		// A remote client's numbers are not reused: drop the table's
+		// references to the channels whose end it has closed.
+		for oid, old := range r.c.channels {
+			if unix.HungUp(old.dev) {
+				old.release()
+				delete(r.c.channels, oid)
+			}
+		}
+	}
+	r.c.channels[id] = ch
+	r.c.handedOut = append(r.c.handedOut, handedFile{fd: fds[1], id: id})
+	core.FD = uint32(id)
 	return response[uverbs.CreateCompChannelResp, noDriver](r, &core, nil)
 }

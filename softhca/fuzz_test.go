@@ -128,8 +128,8 @@ func runScript(t *testing.T, d *Device, s []byte) {
 	if err := c.Close(); err != nil {
 		t.Fatalf("close client: %v", err)
 	}
-	for _, fd := range c.handedOut { // what a client process would close
-		unix.Close(fd)
+	for _, h := range c.handedOut { // what a client process would close
+		unix.Close(h.fd)
 	}
 	if o := d.Objects(); o != (Objects{}) {
 		t.Fatalf("objects left after the client closed: %+v", o)

@@ -165,7 +165,12 @@ func (s *session) handle(t msgType, body []byte, fds []int, reply []byte) (answe
 		s.c.passed = nil
 		s.d.mu.Unlock()
 		closeAll()
-		out := s.c.takeHandedOut()
+		handed := s.c.takeHandedOut()
+		out := make([]int, len(handed))
+		ids := make([]int32, len(handed))
+		for i, h := range handed {
+			out[i], ids[i] = h.fd, h.id
+		}
 		if err != nil {
 			for _, fd := range out {
 				unix.Close(fd)
@@ -173,10 +178,6 @@ func (s *session) handle(t msgType, body []byte, fds []int, reply []byte) (answe
 			// A failed command is the client's business, not a bad
 			// message: it gets the errno as from write(2).
 			return answer{reply: appendReply(reply, t, err)}, nil
-		}
-		ids := make([]int32, len(out))
-		for i, fd := range out {
-			ids[i] = int32(fd)
 		}
 		return answer{reply: appendIDs(appendReply(reply, t, nil), ids), pass: out, close: out}, nil
 	case msgAddQueue:

@@ -179,6 +179,18 @@ func PeerClosed(c syscall.Conn) bool {
 	return closed
 }
 
+// HungUp reports whether the peer of the connected unix socket fd has
+// closed its end (POLLHUP), without taking anything from the socket or
+// waiting.
+func HungUp(fd int) bool {
+	pfd := []unix.PollFd{{Fd: int32(fd)}}
+	n, err := unix.Poll(pfd, 0)
+	for err == unix.EINTR {
+		n, err = unix.Poll(pfd, 0)
+	}
+	return err == nil && n == 1 && pfd[0].Revents&unix.POLLHUP != 0
+}
+
 // WatchExit calls exited, in a goroutine of its own, once process pid
 // has exited, unless stop is called first. The watch holds a pidfd, which
 // names the process itself, not its number: a process that takes the
