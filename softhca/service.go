@@ -11,6 +11,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/xrcrun/xrc/internal/unix"
 )
@@ -75,8 +76,22 @@ func (d *Device) Serve(ctx context.Context, dir string) error {
 		wg       sync.WaitGroup
 	)
 	var acceptErr error
+	var pause time.Duration // before the next accept, after one failed for want of resources
 	for {
 		conn, err := ln.AcceptUnix()
+		if err != nil && outOfResources(err) {
+			// Clients can take the descriptors (each connection and
+			// completion channel holds some): the device and they carry
+			// on, and the connection waits in the backlog until some
+			// are free.
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			d.log.Warn("accept failed; trying again", "err", err, "in", pause)
+			select {
+			case <-stopped:
+			case <-time.After(pause):
+				continue
+			}
+		}
 		if err != nil {
 			select {
 			case <-stopped:
@@ -85,6 +100,7 @@ func (d *Device) Serve(ctx context.Context, dir string) error {
 			}
 			break
 		}
+		pause = 0
 		s := &session{d: d, conn: conn, kick: kickFD}
 		mu.Lock()
 		sessions[s] = struct{}{}
@@ -111,6 +127,13 @@ func (d *Device) Serve(ctx context.Context, dir string) error {
 	kick.Close()
 	d.log.Info("stopped serving", "socket", path)
 	return acceptErr
+}
+
+// outOfResources reports whether accept failed for want of descriptors
+// or memory, which later accepts may find again.
+func outOfResources(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
 
 // removeStale removes a socket left behind by a device process that died,
