@@ -14,8 +14,8 @@ import (
 
 // A bell ring carries the doorbell writes of a client in another process to
 // the device: a ring of UAR writes in shared memory that the client produces
-// and the engine consumes, plus the device's eventfd, which the client
-// signals only when the engine said it was going to sleep. A busy engine
+// and the engine consumes, plus an eventfd the device reads for this client
+// alone, which the client signals only when the engine said it was going to sleep. A busy engine
 // thus takes doorbells with no system call at all (virtio-style
 // notification suppression).
 //
@@ -60,7 +60,7 @@ func (r *bellRing) entry(i uint32) []byte {
 type bellProducer struct {
 	mu   sync.Mutex
 	r    *bellRing   // guarded by mu; nil once closed
-	kick int         // the device's eventfd
+	kick int         // the eventfd the device gave this client
 	gone func() bool // reports that the device has gone: a full ring will not drain
 }
 

@@ -33,7 +33,7 @@ func TestRemoteChannelIDs(t *testing.T) {
 		t.Helper()
 		a := sess.request(msg, nil, 0, nil)
 		for _, fd := range a.pass {
-			if fd == w.kick {
+			if fd == sess.kick {
 				continue
 			}
 			dup, err := unix.Dup(fd)

@@ -51,11 +51,6 @@ func (d *Device) Serve(ctx context.Context, dir string) error {
 		return fmt.Errorf("softhca: listen: %w", err)
 	}
 	ln.SetUnlinkOnClose(true)
-	kick, kickFD, err := d.startKick()
-	if err != nil {
-		ln.Close()
-		return err
-	}
 	d.log.Info("serving", "socket", path)
 
 	stopped := make(chan struct{})
@@ -101,7 +96,7 @@ func (d *Device) Serve(ctx context.Context, dir string) error {
 			break
 		}
 		pause = 0
-		s := &session{d: d, conn: conn, kick: kickFD}
+		s := &session{d: d, conn: conn}
 		mu.Lock()
 		sessions[s] = struct{}{}
 		mu.Unlock()
@@ -124,7 +119,6 @@ func (d *Device) Serve(ctx context.Context, dir string) error {
 	}
 	mu.Unlock()
 	wg.Wait()
-	kick.Close()
 	d.log.Info("stopped serving", "socket", path)
 	return acceptErr
 }
@@ -156,9 +150,12 @@ func removeStale(path string) error {
 	return nil
 }
 
-// startKick creates the eventfd that clients of other processes signal when
-// the engine sleeps, and a goroutine that wakes the engine on it. Closing
-// the returned file, whose descriptor is fd, stops the goroutine.
+// startKick creates the eventfd that a client of another process signals
+// when the engine sleeps, and a goroutine that wakes the engine on it.
+// Each client has its own: a client can read the eventfd it holds as well
+// as signal it, and would take the wake-ups of the clients it shared one
+// with. Closing the returned file, whose descriptor is fd, stops the
+// goroutine.
 func (d *Device) startKick() (*os.File, int, error) {
 	fd, err := unix.Eventfd()
 	if err != nil {

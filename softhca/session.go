@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"net"
+	"os"
 	"syscall"
 
 	"github.com/xrcrun/xrc/internal/unix"
@@ -17,7 +18,9 @@ import (
 type session struct {
 	d    *Device
 	conn *net.UnixConn
-	kick int // the device's eventfd, passed to the client
+
+	kickFile *os.File // the eventfd the client wakes the engine with; nil until hello
+	kick     int      // its descriptor, passed to the client
 
 	cred  unix.Cred
 	c     *Client // nil until hello
@@ -145,7 +148,7 @@ func (s *session) handle(t msgType, body []byte, fds []int, reply []byte) (answe
 			return answer{}, err
 		}
 		// Once mapped, the ring needs no descriptor in the device; the
-		// eventfd stays the device's.
+		// eventfd stays the session's.
 		return answer{reply: s.d.info().append(appendReply(reply, t, nil)),
 			pass: []int{ringFD, s.kick}, close: []int{ringFD}}, nil
 	}
@@ -215,8 +218,15 @@ func (s *session) hello(body []byte) (int, error) {
 		s.d.maps.give()
 		return -1, err
 	}
+	kickFile, kick, err := s.d.startKick()
+	if err != nil {
+		unix.Close(fd)
+		s.d.maps.unmap(ring)
+		return -1, err
+	}
 	c, err := s.d.connect(mem)
 	if err != nil {
+		kickFile.Close()
 		unix.Close(fd)
 		s.d.maps.unmap(ring)
 		return -1, unix.Errorf(unix.ENODEV, "%v", err)
@@ -224,7 +234,7 @@ func (s *session) hello(body []byte) (int, error) {
 	s.d.mu.Lock()
 	c.remote = true // its descriptor numbers are not this process's
 	s.d.mu.Unlock()
-	s.c, s.mem, s.ring = c, mem, ring
+	s.c, s.mem, s.ring, s.kickFile, s.kick = c, mem, ring, kickFile, kick
 	s.bells = &bellSource{c: c, r: newBellRing(ring)}
 	s.d.eng.addRing(s.bells)
 	s.d.log.Debug("client connected", "pid", s.cred.PID, "uid", s.cred.UID)
@@ -337,6 +347,9 @@ func (s *session) close() {
 	}
 	if s.ring != nil {
 		s.d.maps.unmap(s.ring)
+	}
+	if s.kickFile != nil {
+		s.kickFile.Close()
 	}
 	s.conn.Close()
 }
