@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -86,6 +87,12 @@ func dial(ctx context.Context, dir, name string) (*remoteKernel, error) {
 	c, err := dl.DialContext(ctx, "unixpacket", path)
 	if err != nil && ctx.Err() != nil {
 		return nil, fmt.Errorf("softhca: device %s: %w (%w)", name, context.Cause(ctx), err)
+	}
+	if err != nil && !errors.Is(err, syscall.ENOENT) && !errors.Is(err, syscall.ECONNREFUSED) {
+		// The socket is there, or the path cannot be reached (EACCES,
+		// ENOTDIR, a socket of another type): not a device that is
+		// simply not running.
+		return nil, fmt.Errorf("softhca: device %s: connect to %s: %w", name, path, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("softhca: no device %s in %s (is `xrcrun hca --name %s` running? %s sets the directory): %w",

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/xrcrun/xrc/softhca"
+	"github.com/xrcrun/xrc/verbs"
 )
 
 // envSilent makes the test binary a device that is not one: it listens on
@@ -222,5 +223,33 @@ func waitSocket(t *testing.T, path string, served <-chan error) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no socket %s", path)
 		}
+	}
+}
+
+// TestAttachDialCause: a socket that is there but cannot be connected to
+// for another reason than "nobody listens" (here a stream socket where the
+// device's is a packet one; EACCES for a directory the user may not
+// enter) is reported with that reason, not as a device that is not
+// running.
+func TestAttachDialCause(t *testing.T) {
+	dir := t.TempDir()
+	ln, err := net.Listen("unix", filepath.Join(dir, "soft0.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, err = softhca.Attach(context.Background(), dir, "soft0")
+	if err == nil {
+		t.Fatal("attached to a stream socket")
+	}
+	if errors.Is(err, verbs.ErrNoDevice) || strings.Contains(err.Error(), "running?") {
+		t.Errorf("a socket of the wrong type is reported as no device: %v", err)
+	}
+	if !errors.Is(err, syscall.EPROTOTYPE) {
+		t.Errorf("the cause is lost: %v", err)
+	}
+	// Nothing at the path at all is still "no device".
+	if _, err := softhca.Attach(context.Background(), dir, "soft1"); !errors.Is(err, verbs.ErrNoDevice) {
+		t.Errorf("attach to a name with no socket: %v, want ErrNoDevice", err)
 	}
 }
