@@ -161,3 +161,43 @@ func TestClientMappingsBounded(t *testing.T) {
 		t.Fatalf("%d mappings counted after the client ended, %d before it", n, base)
 	}
 }
+
+// TestClientMappedBytesBounded: the device maps a bounded number of bytes
+// of its clients' memory too (a mapping takes address space whatever its
+// pages hold, and one region's may be up to maxMRSize, so a few clients
+// could otherwise fill the device's address space); past the bound,
+// adding memory fails with ENOMEM and the device carries on, freeing some
+// makes room, and a client's end gives back all it held.
+func TestClientMappedBytesBounded(t *testing.T) {
+	w := newSvcWorld(t)
+	defer w.close()
+	base := w.d.maps.bytes.Load()
+	w.d.maps.maxBytes = base + bellSize + 3<<20
+	sess := w.session(t)
+	w.request(t, sess, svcHello, w.goodHello())
+	add := func(addr uint64, size int) error {
+		a := sess.request(appendRequest(nil, msgAddQueue, addr, uint64(size)), unix.Rights(memfds(t, 1, size)...), 0, nil)
+		_, err := parseReply(a.reply, msgAddQueue)
+		return err
+	}
+	if err := add(0x10000000, 2<<20); err != nil {
+		t.Fatalf("2 MiB of queue memory under a 3 MiB bound: %v", err)
+	}
+	if err := add(0x20000000, 2<<20); !errors.Is(err, syscall.ENOMEM) {
+		t.Fatalf("2 MiB more, past the bound: %v", err)
+	}
+	if err := add(0x30000000, 1<<20); err != nil {
+		t.Fatalf("the last 1 MiB under the bound: %v", err)
+	}
+	a := sess.request(appendRequest(nil, msgRemoveQueue, 0x10000000), nil, 0, nil)
+	if _, err := parseReply(a.reply, msgRemoveQueue); err != nil {
+		t.Fatal(err)
+	}
+	if err := add(0x20000000, 2<<20); err != nil {
+		t.Fatalf("2 MiB once 2 MiB were freed: %v", err)
+	}
+	sess.close()
+	if n := w.d.maps.bytes.Load(); n != base {
+		t.Fatalf("%d bytes counted as mapped after the client ended, %d before it", n, base)
+	}
+}

@@ -210,12 +210,12 @@ func (s *session) hello(body []byte) (int, error) {
 	if err := mem.probe(h.probe, h.nonce[:]); err != nil {
 		return -1, err
 	}
-	if err := s.d.maps.take(); err != nil {
+	if err := s.d.maps.take(bellSize); err != nil {
 		return -1, err
 	}
 	fd, ring, err := unix.Memfd("xrc-bells", bellSize)
 	if err != nil {
-		s.d.maps.give()
+		s.d.maps.give(bellSize)
 		return -1, err
 	}
 	kickFile, kick, err := s.d.startKick()
@@ -271,11 +271,11 @@ func mapPassed(t msgType, body []byte, fds []int, maps *mapBudget) (addr uint64,
 	if err != nil || uint64(size) < n {
 		return 0, nil, fileID{}, unix.Errorf(unix.EINVAL, "%v: file of %d bytes for %d (%v)", t, size, n, err)
 	}
-	if err := maps.take(); err != nil {
+	if err := maps.take(int(n)); err != nil {
 		return 0, nil, fileID{}, err
 	}
 	if b, err = unix.MmapShared(fds[0], 0, int(n)); err != nil {
-		maps.give()
+		maps.give(int(n))
 	}
 	return addr, b, id, err
 }

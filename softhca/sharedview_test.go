@@ -33,7 +33,7 @@ func TestSharedViewMatchesMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := &remoteMemory{processMemory: processMemory{os.Getpid()}, maps: newMapBudget()}
-	m.maps.take()
+	m.maps.take(len(view))
 	defer m.close()
 	addr := uint64(unix.AddrOf(client))
 	m.addShared(addr, view, fileID{major, minor, ino})
