@@ -6,16 +6,20 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/xrcrun/xrc/softhca/roce"
 )
 
 // Counters are the device's port and error counters. The port counters are
-// named as sysfs names them for real HCAs (port_xmit_data counts bytes of
-// payload here, not the 4-byte words real ports count).
+// named as sysfs names them for real HCAs, and count what they count there:
+// port_xmit_data and port_rcv_data are the octets of the packets divided
+// by 4 (IBA PortCounters: the whole packet but its link CRC), here from
+// the IP header through the ICRC (wireWords).
 type Counters struct {
 	XmitPackets   atomic.Uint64 // port_xmit_packets
-	XmitData      atomic.Uint64 // port_xmit_data, in bytes of payload
+	XmitData      atomic.Uint64 // port_xmit_data, in 4-byte words
 	RcvPackets    atomic.Uint64 // port_rcv_packets
-	RcvData       atomic.Uint64 // port_rcv_data, in bytes of payload
+	RcvData       atomic.Uint64 // port_rcv_data, in 4-byte words
 	RcvErrors     atomic.Uint64 // port_rcv_errors: packets dropped as malformed or misdirected
 	RcvICRCErrors atomic.Uint64 // packets dropped for a bad ICRC
 	XmitDiscards  atomic.Uint64 // port_xmit_discards: packets the network would not take
@@ -77,9 +81,9 @@ func (c *Counters) Each(f func(name, help string, v uint64)) {
 		v          *atomic.Uint64
 	}{
 		{"port_xmit_packets", "Packets sent.", &c.XmitPackets},
-		{"port_xmit_data", "Payload bytes sent.", &c.XmitData},
+		{"port_xmit_data", "Octets of the packets sent, divided by 4.", &c.XmitData},
 		{"port_rcv_packets", "Packets received.", &c.RcvPackets},
-		{"port_rcv_data", "Payload bytes received.", &c.RcvData},
+		{"port_rcv_data", "Octets of the packets received, divided by 4.", &c.RcvData},
 		{"port_rcv_errors", "Packets dropped as malformed or misdirected.", &c.RcvErrors},
 		{"port_rcv_icrc_errors", "Packets dropped for a bad ICRC.", &c.RcvICRCErrors},
 		{"port_xmit_discards", "Packets the network would not take.", &c.XmitDiscards},
@@ -112,6 +116,18 @@ func (c *Counters) Each(f func(name, help string, v uint64)) {
 	} {
 		f(x.name, x.help, x.v.Load())
 	}
+}
+
+// wireWords is what a packet adds to port_xmit_data or port_rcv_data: its
+// length as a RoCEv2 datagram of the device's address family (IP and UDP
+// headers, transport headers, payload, pad and ICRC), in 4-byte words. All
+// of these are whole words.
+func (d *Device) wireWords(p *roce.Packet) uint64 {
+	ipUDP := 40 + 8
+	if d.addr.Is4() {
+		ipUDP = 20 + 8
+	}
+	return uint64(ipUDP+p.Len()) / 4
 }
 
 // collector exports a device's counters and object counts to Prometheus.

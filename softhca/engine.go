@@ -565,7 +565,7 @@ func (d *Device) transmit(ps []*roce.Packet, c *pktCache) {
 	}
 	d.counters.XmitPackets.Add(uint64(len(ps)))
 	for _, p := range ps {
-		d.counters.XmitData.Add(uint64(len(p.Payload)))
+		d.counters.XmitData.Add(d.wireWords(p))
 	}
 	d.link.sendBatch(ps, c)
 }

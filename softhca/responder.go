@@ -97,7 +97,7 @@ func (d *Device) receive(p *roce.Packet) {
 		return // lost on a port that is down
 	}
 	d.counters.RcvPackets.Add(1)
-	d.counters.RcvData.Add(uint64(len(p.Payload)))
+	d.counters.RcvData.Add(d.wireWords(p))
 	op := p.Opcode
 	q := d.qps.get(p.DestQP)
 	// The port's one P_Key is the default partition's, 0xffff, a full
