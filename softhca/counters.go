@@ -29,7 +29,7 @@ type Counters struct {
 	PacketSeqErr       atomic.Uint64 // packet_seq_err: NAKs for sequence errors received
 	DuplicateRequest   atomic.Uint64 // duplicate_request: duplicate requests received
 	OutOfSequence      atomic.Uint64 // out_of_sequence: requests ahead of the expected PSN
-	ImpliedNakSeqErr   atomic.Uint64 // implied_nak_seq_err
+	ImpliedNakSeqErr   atomic.Uint64 // implied_nak_seq_err: responses past the one expected, or acknowledgements past an unanswered READ or atomic
 	RNRNaksSent        atomic.Uint64 // RNR NAKs sent by the responder
 	RNRNaksReceived    atomic.Uint64
 	NaksSent           atomic.Uint64

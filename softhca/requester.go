@@ -906,7 +906,7 @@ func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
 		// the one asked for comes.
 		if dd > 0 && !w.rdGap {
 			w.rdGap = true
-			d.counters.PacketSeqErr.Add(1)
+			d.counters.ImpliedNakSeqErr.Add(1)
 			r.congested()
 			d.rewind(q, w.psn)
 		}
