@@ -924,9 +924,10 @@ func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
 	// A response stream starts (FIRST or ONLY) where a request asked it
 	// to, and ends (LAST or ONLY) with the READ's last byte. At a byte
 	// asked for again either may come: the first stream's packet there
-	// may have been late, not lost.
+	// may have been late, not lost. No response carries more than an MTU:
+	// the READ's PSNs are its bytes in MTUs.
 	start := w.rdGot == 0 || w.rdGot == w.rdFrom
-	if first && !start || !first && w.rdGot == 0 || w.rdGot+n > w.length ||
+	if n > mtu || first && !start || !first && w.rdGot == 0 || w.rdGot+n > w.length ||
 		!last && (n != mtu || w.rdGot+n == w.length) || last && w.rdGot+n != w.length {
 		if d.debug {
 			d.log.Debug("bad read response", "op", p.Opcode, "psn", p.PSN, "wpsn", w.psn, "npkts", w.npkts, "rdGot", w.rdGot, "n", n, "length", w.length)
