@@ -20,8 +20,8 @@ type Counters struct {
 	XmitData      atomic.Uint64 // port_xmit_data, in 4-byte words
 	RcvPackets    atomic.Uint64 // port_rcv_packets
 	RcvData       atomic.Uint64 // port_rcv_data, in 4-byte words
-	RcvErrors     atomic.Uint64 // port_rcv_errors: packets dropped as malformed or misdirected
-	RcvICRCErrors atomic.Uint64 // packets dropped for a bad ICRC
+	RcvErrors     atomic.Uint64 // port_rcv_errors: packets dropped as malformed (a bad ICRC included) or misdirected
+	RcvICRCErrors atomic.Uint64 // packets dropped for a bad ICRC, of those in RcvErrors
 	XmitDiscards  atomic.Uint64 // port_xmit_discards: packets the network would not take
 
 	LocalAckTimeoutErr atomic.Uint64 // local_ack_timeout_err: retries exhausted
@@ -84,8 +84,8 @@ func (c *Counters) Each(f func(name, help string, v uint64)) {
 		{"port_xmit_data", "Octets of the packets sent, divided by 4.", &c.XmitData},
 		{"port_rcv_packets", "Packets received.", &c.RcvPackets},
 		{"port_rcv_data", "Octets of the packets received, divided by 4.", &c.RcvData},
-		{"port_rcv_errors", "Packets dropped as malformed or misdirected.", &c.RcvErrors},
-		{"port_rcv_icrc_errors", "Packets dropped for a bad ICRC.", &c.RcvICRCErrors},
+		{"port_rcv_errors", "Packets dropped as malformed (a bad ICRC included) or misdirected.", &c.RcvErrors},
+		{"port_rcv_icrc_errors", "Packets dropped for a bad ICRC (counted in port_rcv_errors too).", &c.RcvICRCErrors},
 		{"port_xmit_discards", "Packets the network would not take.", &c.XmitDiscards},
 		{"local_ack_timeout_err", "Requests failed after exhausting transport retries.", &c.LocalAckTimeoutErr},
 		{"rnr_nak_retry_err", "Requests failed after exhausting RNR retries.", &c.RNRNakRetryErr},

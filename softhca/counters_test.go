@@ -3,6 +3,7 @@
 package softhca
 
 import (
+	"net/netip"
 	"testing"
 
 	"github.com/xrcrun/xrc/softhca/roce"
@@ -61,5 +62,23 @@ func TestReadResponseGapIsImpliedNak(t *testing.T) {
 	c := r.d.Counters()
 	if implied, seq := c.ImpliedNakSeqErr.Load(), c.PacketSeqErr.Load(); implied != 1 || seq != 0 {
 		t.Errorf("implied_nak_seq_err %d, packet_seq_err %d; want 1 and 0", implied, seq)
+	}
+}
+
+// A packet with a bad ICRC is a packet received with an error: it counts
+// in port_rcv_errors, as the IBA's PortRcvErrors counts local physical
+// errors (ICRC among them), as well as in port_rcv_icrc_errors.
+func TestBadICRCIsReceiveError(t *testing.T) {
+	r := newRig(t)
+	p := roce.Packet{Opcode: roce.SendOnly, PSN: 0x1234, PKey: 0xffff, DestQP: r.qp.Num(), Payload: []byte("data")}
+	b := append(p.AppendTransport(nil), 1, 2, 3, 4) // not its ICRC
+	from := netip.AddrPortFrom(netip.AddrFrom16(r.sink.gid).Unmap(), 49152)
+	var s datagramScratch
+	if q := r.d.parseDatagram(b, from, &s, nil); q != nil {
+		t.Fatalf("datagram with a bad ICRC taken: %v", q.Opcode)
+	}
+	c := r.d.Counters()
+	if errs, icrc := c.RcvErrors.Load(), c.RcvICRCErrors.Load(); errs != 1 || icrc != 1 {
+		t.Errorf("port_rcv_errors %d, port_rcv_icrc_errors %d; want 1 and 1", errs, icrc)
 	}
 }

@@ -741,7 +741,8 @@ func (w *dgWorld) sendBurst(t testing.TB, in *dgInput, burst [][]byte, flags []b
 		c2 := w.counters()
 		if p == nil {
 			diff := counterDiff(c1, c2)
-			if len(diff) != 1 || diff["port_rcv_errors"]+diff["port_rcv_icrc_errors"] != 1 {
+			// A bad ICRC counts in port_rcv_icrc_errors as well.
+			if diff["port_rcv_errors"] != 1 || len(diff) != 1+int(diff["port_rcv_icrc_errors"]) || diff["port_rcv_icrc_errors"] > 1 {
 				t.Fatalf("datagram %x rejected, counted %v", b, diff)
 			}
 			continue
@@ -774,8 +775,7 @@ func (w *dgWorld) sendBurst(t testing.TB, in *dgInput, burst [][]byte, flags []b
 	after := w.snapshot(t, in)
 	c2 := w.counters()
 	diff := counterDiff(c1, c2)
-	n := len(burst) - int(c1[dgCounterIndex["port_rcv_errors"]]-c0[dgCounterIndex["port_rcv_errors"]]) -
-		int(c1[dgCounterIndex["port_rcv_icrc_errors"]]-c0[dgCounterIndex["port_rcv_icrc_errors"]])
+	n := len(burst) - int(c1[dgCounterIndex["port_rcv_errors"]]-c0[dgCounterIndex["port_rcv_errors"]])
 	if int(diff["port_rcv_packets"]) != n {
 		t.Fatalf("%d packets delivered, port_rcv_packets rose by %d", n, diff["port_rcv_packets"])
 	}

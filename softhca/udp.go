@@ -339,6 +339,7 @@ func (d *Device) parseDatagram(b []byte, from netip.AddrPort, s *datagramScratch
 	tr := b[:len(b)-roce.ICRCLen]
 	ip, udp := roce.PseudoHeaders(s.hdr[:], src, d.addr, from.Port(), len(tr))
 	if s.crc.ICRC(ip, udp, tr, nil, nil) != binary.LittleEndian.Uint32(b[len(tr):]) {
+		d.counters.RcvErrors.Add(1) // a packet with an error, as PortRcvErrors counts ICRC errors
 		d.counters.RcvICRCErrors.Add(1)
 		return nil
 	}
