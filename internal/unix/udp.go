@@ -55,7 +55,9 @@ func sockaddr(ap netip.AddrPort) unix.Sockaddr {
 
 // TuneRoCESocket prepares a UDP socket for RoCEv2: don't-fragment set (so
 // that Linux gives unconnected IPv4 datagrams an identification of 0, which
-// the ICRC covers), and socket buffers of size bytes (forced past the
+// the ICRC covers), IPv6 datagrams with a UDP checksum of 0 taken (RoCEv2
+// senders leave it 0, the ICRC covering the packet, and Linux drops such
+// datagrams otherwise), and socket buffers of size bytes (forced past the
 // system's maximum where the process may, asked for otherwise).
 func TuneRoCESocket(s int, ipv4 bool, size int) error {
 	var err error
@@ -66,6 +68,11 @@ func TuneRoCESocket(s int, ipv4 bool, size int) error {
 	}
 	if err != nil {
 		return Error(asErrno(err), "set don't-fragment")
+	}
+	if !ipv4 {
+		if err := unix.SetsockoptInt(s, unix.IPPROTO_UDP, unix.UDP_NO_CHECK6_RX, 1); err != nil {
+			return Error(asErrno(err), "set UDP_NO_CHECK6_RX")
+		}
 	}
 	for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
 		if unix.SetsockoptInt(s, unix.SOL_SOCKET, o[0], size) != nil {
