@@ -24,8 +24,8 @@ type Counters struct {
 	RcvICRCErrors atomic.Uint64 // packets dropped for a bad ICRC, of those in RcvErrors
 	XmitDiscards  atomic.Uint64 // port_xmit_discards: packets the network would not take
 
-	LocalAckTimeoutErr atomic.Uint64 // local_ack_timeout_err: retries exhausted
-	RNRNakRetryErr     atomic.Uint64 // rnr_nak_retry_err: RNR retries exhausted
+	LocalAckTimeoutErr atomic.Uint64 // local_ack_timeout_err: transport timer expirations retried (see below)
+	RNRNakRetryErr     atomic.Uint64 // rnr_nak_retry_err: RNR NAKs received and retried (see below)
 	PacketSeqErr       atomic.Uint64 // packet_seq_err: NAKs for sequence errors received
 	DuplicateRequest   atomic.Uint64 // duplicate_request: duplicate requests received
 	OutOfSequence      atomic.Uint64 // out_of_sequence: requests ahead of the expected PSN
@@ -36,6 +36,14 @@ type Counters struct {
 	XRCSRQErrors       atomic.Uint64 // XRC requests naming no XRC SRQ of their receive QP's domain
 	Retransmits        atomic.Uint64 // packets sent again
 	AckTimeouts        atomic.Uint64 // transport timer expirations
+	// local_ack_timeout_err and rnr_nak_retry_err count as mlx5's
+	// hw_counters of those names do: the transport timer expirations and
+	// the RNR NAKs received that the requester sends again after, its
+	// retry limit not exceeded. The failures when a limit is exceeded
+	// (RETRY_EXC_ERR, RNR_RETRY_EXC_ERR) are counted apart, under mlx5's
+	// names too.
+	ReqTransportRetriesExceeded atomic.Uint64 // req_transport_retries_exceeded
+	ReqRNRRetriesExceeded       atomic.Uint64 // req_rnr_retries_exceeded
 	// LateTimeouts are the transport timer expirations the engine handled
 	// more than a timeout (and 4 ms) late, its process stalled: they
 	// resend but do not count against retry_cnt (up to retry_cnt of them
@@ -87,8 +95,10 @@ func (c *Counters) Each(f func(name, help string, v uint64)) {
 		{"port_rcv_errors", "Packets dropped as malformed (a bad ICRC included) or misdirected.", &c.RcvErrors},
 		{"port_rcv_icrc_errors", "Packets dropped for a bad ICRC (counted in port_rcv_errors too).", &c.RcvICRCErrors},
 		{"port_xmit_discards", "Packets the network would not take.", &c.XmitDiscards},
-		{"local_ack_timeout_err", "Requests failed after exhausting transport retries.", &c.LocalAckTimeoutErr},
-		{"rnr_nak_retry_err", "Requests failed after exhausting RNR retries.", &c.RNRNakRetryErr},
+		{"local_ack_timeout_err", "Transport timer expirations retried, the retry limit not exceeded.", &c.LocalAckTimeoutErr},
+		{"rnr_nak_retry_err", "RNR NAKs received and retried, the RNR retry limit not exceeded.", &c.RNRNakRetryErr},
+		{"req_transport_retries_exceeded", "Requests failed after exhausting transport retries.", &c.ReqTransportRetriesExceeded},
+		{"req_rnr_retries_exceeded", "Requests failed after exhausting RNR retries.", &c.ReqRNRRetriesExceeded},
 		{"packet_seq_err", "Sequence error NAKs received.", &c.PacketSeqErr},
 		{"duplicate_request", "Duplicate requests received.", &c.DuplicateRequest},
 		{"out_of_sequence", "Requests received ahead of the expected PSN.", &c.OutOfSequence},

@@ -82,3 +82,40 @@ func TestBadICRCIsReceiveError(t *testing.T) {
 		t.Errorf("port_rcv_errors %d, port_rcv_icrc_errors %d; want 1 and 1", errs, icrc)
 	}
 }
+
+// counter returns the value of the device counter of the given name.
+func counter(c *Counters, name string) uint64 {
+	var v uint64
+	c.Each(func(n, _ string, x uint64) {
+		if n == name {
+			v = x
+		}
+	})
+	return v
+}
+
+// rnr_nak_retry_err counts what it counts on a real HCA (mlx5's
+// hw_counters): the RNR NAKs received that the requester retries after,
+// its RNR retry limit not exceeded; the failure when the limit is exceeded
+// is req_rnr_retries_exceeded.
+func TestRNRNakRetryCounters(t *testing.T) {
+	r := newRig(t)
+	r.noTimer(1)
+	if err := r.qp.PostSend(&verbs.SendWR{WRID: 1, Opcode: verbs.WRSend, Flags: verbs.SendSignaled,
+		SG: []verbs.SGE{r.mr.SGE(0, 8)}}); err != nil {
+		t.Fatal(err)
+	}
+	r.wantSent(t, sent{roce.SendOnly, 0x1234})
+	rnrNak := func(p *roce.Packet) { p.Opcode, p.PSN, p.Syndrome = roce.Acknowledge, 0x1234, roce.AETHRNRNak|1 }
+	r.inject(rnrNak)
+	r.wantSent(t, sent{roce.SendOnly, 0x1234}) // after 10 µs
+	c := r.d.Counters()
+	if retried, exceeded := counter(c, "rnr_nak_retry_err"), counter(c, "req_rnr_retries_exceeded"); retried != 1 || exceeded != 0 {
+		t.Errorf("after a retried RNR NAK: rnr_nak_retry_err %d, req_rnr_retries_exceeded %d; want 1 and 0", retried, exceeded)
+	}
+	r.inject(rnrNak)
+	r.wantWC(t, 1, verbs.WCRNRRetryExcErr)
+	if retried, exceeded := counter(c, "rnr_nak_retry_err"), counter(c, "req_rnr_retries_exceeded"); retried != 1 || exceeded != 1 {
+		t.Errorf("after the RNR retries ran out: rnr_nak_retry_err %d, req_rnr_retries_exceeded %d; want 1 and 1", retried, exceeded)
+	}
+}

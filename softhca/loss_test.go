@@ -293,10 +293,26 @@ func TestTotalLoss(t *testing.T) {
 	if got := c.AckTimeouts.Load() - c.LateTimeouts.Load(); got != retries+1 {
 		t.Errorf("transport timer fired %d times on time, want %d", got, retries+1)
 	}
-	if got := c.LocalAckTimeoutErr.Load(); got != 1 {
-		t.Errorf("local_ack_timeout_err %d, want 1", got)
+	// local_ack_timeout_err counts the expirations that sent again (the
+	// retry limit not exceeded), req_transport_retries_exceeded the last.
+	if got, want := c.LocalAckTimeoutErr.Load(), c.AckTimeouts.Load()-1; got != want {
+		t.Errorf("local_ack_timeout_err %d, want %d", got, want)
+	}
+	if got := counterNamed(c, "req_transport_retries_exceeded"); got != 1 {
+		t.Errorf("req_transport_retries_exceeded %d, want 1", got)
 	}
 	if c.Retransmits.Load() < retries || c.FaultDrops.Load() < retries+1 {
 		t.Errorf("retransmitted %d, dropped %d", c.Retransmits.Load(), c.FaultDrops.Load())
 	}
+}
+
+// counterNamed returns the value of the device counter of the given name.
+func counterNamed(c *softhca.Counters, name string) uint64 {
+	var v uint64
+	c.Each(func(n, _ string, x uint64) {
+		if n == name {
+			v = x
+		}
+	})
+	return v
 }

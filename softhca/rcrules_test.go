@@ -333,8 +333,8 @@ func TestReservedAETH(t *testing.T) {
 }
 
 // TestRNRRetryZero: with rnr_retry 0 the first RNR NAK ends the request
-// with RNR_RETRY_EXC_ERR, counted in rnr_nak_retry_err, and nothing is sent
-// again.
+// with RNR_RETRY_EXC_ERR, counted in req_rnr_retries_exceeded (not in
+// rnr_nak_retry_err, the RNR NAKs retried), and nothing is sent again.
 func TestRNRRetryZero(t *testing.T) {
 	r := newRig(t)
 	r.noTimer(0)
@@ -346,9 +346,10 @@ func TestRNRRetryZero(t *testing.T) {
 	r.inject(func(p *roce.Packet) { p.Opcode, p.PSN, p.Syndrome = roce.Acknowledge, 0x1234, roce.AETHRNRNak|1 })
 	r.wantWC(t, 1, verbs.WCRNRRetryExcErr)
 	c := &r.d.counters
-	if c.RNRNaksReceived.Load() != 1 || c.RNRNakRetryErr.Load() != 1 || c.Retransmits.Load() != 0 {
-		t.Errorf("RNR NAKs %d, rnr_nak_retry_err %d, retransmissions %d; want 1, 1, 0",
-			c.RNRNaksReceived.Load(), c.RNRNakRetryErr.Load(), c.Retransmits.Load())
+	if c.RNRNaksReceived.Load() != 1 || counter(c, "req_rnr_retries_exceeded") != 1 || c.RNRNakRetryErr.Load() != 0 ||
+		c.Retransmits.Load() != 0 {
+		t.Errorf("RNR NAKs %d, req_rnr_retries_exceeded %d, rnr_nak_retry_err %d, retransmissions %d; want 1, 1, 0, 0",
+			c.RNRNaksReceived.Load(), counter(c, "req_rnr_retries_exceeded"), c.RNRNakRetryErr.Load(), c.Retransmits.Load())
 	}
 	if got := r.sink.drain(); len(got) != 0 {
 		t.Errorf("%d packets sent after the RNR NAK", len(got))

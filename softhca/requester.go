@@ -704,12 +704,13 @@ func (d *Device) onAck(q *qp, p *roce.Packet) {
 		}
 		if q.rnrRetry != 7 {
 			if r.rnrLeft == 0 {
-				d.counters.RNRNakRetryErr.Add(1)
+				d.counters.ReqRNRRetriesExceeded.Add(1)
 				d.requestError(q, r.q[0], mlx4hw.SyndromeRNRRetryExcErr)
 				return
 			}
 			r.rnrLeft--
 		}
+		d.counters.RNRNakRetryErr.Add(1)
 		d.rewind(q, p.PSN)
 		r.rnrUntil = d.eng.nowI.add(rnrDelay(p.Syndrome & 0x1f))
 		d.eng.setTimer(q, r.rnrUntil)
@@ -1043,6 +1044,7 @@ func (d *Device) timeout(q *qp, now instant) {
 	if r.lateLeft > 0 && now.sub(due) > max(d.rto(q), lateSlack) {
 		r.lateLeft--
 		d.counters.LateTimeouts.Add(1)
+		d.counters.LocalAckTimeoutErr.Add(1)
 		if d.debug {
 			d.log.Debug("late timeout", "qp", q.num, "acked", r.acked, "high", r.high, "late_left", r.lateLeft)
 		}
@@ -1051,10 +1053,11 @@ func (d *Device) timeout(q *qp, now instant) {
 		return
 	}
 	if r.retries == 0 {
-		d.counters.LocalAckTimeoutErr.Add(1)
+		d.counters.ReqTransportRetriesExceeded.Add(1)
 		d.requestError(q, r.q[0], mlx4hw.SyndromeRetryExcErr)
 		return
 	}
+	d.counters.LocalAckTimeoutErr.Add(1)
 	if d.debug {
 		d.log.Debug("timeout", "qp", q.num, "acked", r.acked, "high", r.high, "retries", r.retries, "cwnd", r.cwnd)
 	}
