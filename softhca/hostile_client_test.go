@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/xrcrun/xrc/internal/mlx4hw"
 	"github.com/xrcrun/xrc/internal/unix"
-	"github.com/xrcrun/xrc/mlx4"
 )
 
 // What a client of a device process may do to it: none of it may crash
@@ -80,30 +80,16 @@ func TestUnsealedMemoryRefused(t *testing.T) {
 // doorbells are dropped (its QPs are in the error state then) instead of
 // waiting forever for room in a bell ring that no engine drains.
 func TestDoorbellsAfterDeviceGone(t *testing.T) {
-	d, err := New(context.Background(), Config{Name: "bellsgone", Addr: netip.MustParseAddr("127.7.4.1"), SpinIdle: -1})
+	dir, stop := serveForTest(t, "bellsgone", "127.7.4.1")
+	k, err := Attach(context.Background(), dir, "bellsgone")
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer d.Close()
-	dir := t.TempDir()
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- d.Serve(ctx, dir) }()
-	var k mlx4.Kernel
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
-		if k, err = Attach(context.Background(), dir, "bellsgone"); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
 	}
 	u, err := k.MapUAR()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cancel()
-	if err := <-served; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
@@ -199,5 +185,42 @@ func TestClientMappedBytesBounded(t *testing.T) {
 	sess.close()
 	if n := w.d.maps.bytes.Load(); n != base {
 		t.Fatalf("%d bytes counted as mapped after the client ended, %d before it", n, base)
+	}
+}
+
+// serveForTest serves a new device named name at addr in a temporary
+// directory, which it returns once the device answers there, with a
+// stop that ends the serving (and the device) and returns Serve's error;
+// the test's end stops it too if the test did not.
+func serveForTest(t *testing.T, name, addr string) (dir string, stop func() error) {
+	t.Helper()
+	d, err := New(context.Background(), Config{Name: name, Addr: netip.MustParseAddr(addr), SpinIdle: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- d.Serve(ctx, dir) }()
+	stop = sync.OnceValue(func() error {
+		cancel()
+		err := <-served
+		return errors.Join(err, d.Close())
+	})
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	// Answered, not only there: the socket's file is made before it
+	// listens.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		_, err := QueryCounters(context.Background(), dir, name)
+		if err == nil {
+			return dir, stop
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s in %s does not answer a minute on: %v", name, dir, err)
+		}
 	}
 }

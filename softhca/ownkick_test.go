@@ -4,13 +4,10 @@ package softhca
 
 import (
 	"context"
-	"net/netip"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // eventfdID is the kernel's id of the eventfd that descriptor fd refers
@@ -34,29 +31,7 @@ func eventfdID(t *testing.T, fd int) string {
 // wake-ups of the others, whose doorbells then wait in their rings for as
 // long as the engine sleeps (a client signals once per sleep).
 func TestClientsOwnKick(t *testing.T) {
-	d, err := New(context.Background(), Config{Name: "ownkick", Addr: netip.MustParseAddr("127.7.4.4"), SpinIdle: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	dir := t.TempDir()
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- d.Serve(ctx, dir) }()
-	defer func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Error(err)
-		}
-	}()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
-		if _, err := os.Stat(filepath.Join(dir, "ownkick.sock")); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no socket")
-		}
-	}
+	dir, _ := serveForTest(t, "ownkick", "127.7.4.4")
 	var ids []string
 	for range 2 {
 		k, err := Attach(context.Background(), dir, "ownkick")

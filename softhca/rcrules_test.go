@@ -185,6 +185,13 @@ func TestReadResponseSequence(t *testing.T) {
 			if again[0].Opcode != roce.ReadRequest || again[0].PSN != 0x1235 || again[0].DMALen != 2048 {
 				t.Fatalf("asked again: %v PSN %#x for %d bytes", again[0].Opcode, again[0].PSN, again[0].DMALen)
 			}
+			// A response past the one expected is an implied NAK
+			// sequence error in the IBA's terms (implied_nak_seq_err);
+			// packet_seq_err counts the sequence error NAKs received.
+			c := r.d.Counters()
+			if implied, seq := c.ImpliedNakSeqErr.Load(), c.PacketSeqErr.Load(); implied != 1 || seq != 0 {
+				t.Errorf("implied_nak_seq_err %d, packet_seq_err %d; want 1 and 0", implied, seq)
+			}
 			op := roce.ReadResponseFirst // the answer to the new request
 			if late {
 				op = roce.ReadResponseMiddle // the first answer's, late
