@@ -7,8 +7,9 @@ import (
 
 // TestResponderResources checks the responder's ring of READ and atomic
 // resources: made on first use with max_dest_rd_atomic entries, reused
-// oldest first, and grown, with the READs queued following their entries,
-// when max_dest_rd_atomic is raised.
+// oldest first once answered (a READ answered again stops), never before,
+// and grown, with the READs queued following their entries, when
+// max_dest_rd_atomic is raised.
 func TestResponderResources(t *testing.T) {
 	d := &Device{}
 	q := &qp{maxDestRdAtomic: 2}
@@ -18,8 +19,8 @@ func TestResponderResources(t *testing.T) {
 	}
 	rem := func(psn uint32, queue bool) *resource {
 		r := d.remember(q)
-		*r = resource{valid: true, psn: psn, npkts: 1}
-		if queue {
+		*r = resource{valid: true, psn: psn, npkts: 1, answered: true}
+		if queue { // answered, and asked for again
 			r.queued = true
 			s.reads = append(s.reads, r)
 		}
@@ -52,6 +53,10 @@ func TestResponderResources(t *testing.T) {
 	rem(5, false)
 	if r := rem(6, false); r != &s.res[0] || len(s.reads) != 0 {
 		t.Fatalf("reusing the entry of a queued READ: reads %d", len(s.reads))
+	}
+	s.res[s.resNext].answered = false // its responses still to be sent
+	if next := s.resNext; d.remember(q) != nil || s.resNext != next {
+		t.Fatal("reused the entry of a READ not answered yet")
 	}
 	s.reset()
 	if len(s.res) != 4 || s.res[1].valid || s.resNext != 0 {

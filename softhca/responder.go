@@ -28,6 +28,9 @@ type resource struct {
 	orig   uint64 // atomic: the value returned
 	next   uint32 // READ: the next response packet to send
 	queued bool   // READ: in the QP's queue of responses to send
+	// All of its responses were sent, once at least: until then the
+	// requester cannot be done with it, and its entry is not free.
+	answered bool
 }
 
 // responder is the receive side of a QP. Its first 48 bytes are what a
@@ -486,6 +489,10 @@ func (d *Device) recvRead(q *qp, p *roce.Packet) {
 		return
 	}
 	r := d.remember(q)
+	if r == nil {
+		d.fatal(q, p, roce.NakInvalidRequest)
+		return
+	}
 	*r = resource{valid: true, psn: p.PSN, npkts: npkts, rkey: p.RKey, va: p.VA, length: p.DMALen, pd: q.respPD()}
 	s.epsn = (s.epsn + r.npkts) & roce.PSNMask
 	s.msn = (s.msn + 1) & roce.PSNMask
@@ -502,12 +509,17 @@ func (d *Device) recvAtomic(q *qp, p *roce.Packet) {
 		d.fatal(q, p, roce.NakInvalidRequest)
 		return
 	}
+	r := d.remember(q)
+	if r == nil {
+		d.fatal(q, p, roce.NakInvalidRequest)
+		return
+	}
 	orig, ok := m.atomic(p.VA, p.Opcode.Op(), p.SwapAdd, p.Compare)
 	if !ok {
+		*r = resource{}
 		d.fatal(q, p, roce.NakRemoteOpErr)
 		return
 	}
-	r := d.remember(q)
 	*r = resource{valid: true, atomic: true, psn: p.PSN, npkts: 1, orig: orig}
 	s.epsn = (s.epsn + 1) & roce.PSNMask
 	s.msn = (s.msn + 1) & roce.PSNMask
@@ -524,15 +536,22 @@ func (d *Device) answerAtomic(q *qp, r *resource) {
 	d.sendAtomicAck(q, r)
 }
 
-// remember returns the next slot for a READ or atomic resource. A READ in
-// that slot still sending responses (only a peer that ignores its
-// max_rd_atomic gets this far ahead) stops.
+// remember returns the next slot for a READ or atomic resource, or nil if
+// it holds one whose responses have not all been sent yet: the requester
+// cannot be done with that one, so the new request is one more than
+// max_dest_rd_atomic allows: the IBTA lists "too many RDMA READ or ATOMIC
+// requests" among the causes of a NAK Invalid Request (rxe only NAKs those
+// with max_dest_rd_atomic 0, and otherwise reuses the entry). A READ
+// answered again in that slot (for its duplicate) stops.
 func (d *Device) remember(q *qp) *resource {
 	s := &q.resp
 	if want := max(int(q.maxDestRdAtomic), 1); len(s.res) < want {
 		s.growResources(want)
 	}
 	r := &s.res[s.resNext]
+	if r.valid && !r.answered {
+		return nil
+	}
 	s.resNext = (s.resNext + 1) % int32(len(s.res))
 	if r.queued {
 		s.reads = slices.DeleteFunc(s.reads, func(x *resource) bool { return x == r })
@@ -661,7 +680,7 @@ func (d *Device) sendReads(q *qp) bool {
 		r.next += cnt
 		budget -= cnt
 		if r.next == r.npkts {
-			r.queued = false
+			r.queued, r.answered = false, true
 			s.reads[0] = nil
 			s.reads = s.reads[1:]
 		}
@@ -696,6 +715,7 @@ func (s *responder) dropReads() {
 }
 
 func (d *Device) sendAtomicAck(q *qp, r *resource) {
+	r.answered = true
 	p := d.newPacket(q)
 	p.Opcode = roce.AtomicAcknowledge
 	p.PSN = r.psn
