@@ -926,9 +926,11 @@ func (d *Device) onReadResponse(q *qp, p *roce.Packet) {
 	// to, and ends (LAST or ONLY) with the READ's last byte. At a byte
 	// asked for again either may come: the first stream's packet there
 	// may have been late, not lost. No response carries more than an MTU:
-	// the READ's PSNs are its bytes in MTUs.
+	// the READ's PSNs are its bytes in MTUs. The AETH of a FIRST, LAST or
+	// ONLY is an ACK: a responder NAKs with an Acknowledge, never with a
+	// response (rxe_comp.c's check_ack fails the request too).
 	start := w.rdGot == 0 || w.rdGot == w.rdFrom
-	if n > mtu || first && !start || !first && w.rdGot == 0 || w.rdGot+n > w.length ||
+	if (first || last) && p.Syndrome&roce.AETHKind != roce.AETHAck || n > mtu || first && !start || !first && w.rdGot == 0 || w.rdGot+n > w.length ||
 		!last && (n != mtu || w.rdGot+n == w.length) || last && w.rdGot+n != w.length {
 		if d.debug {
 			d.log.Debug("bad read response", "op", p.Opcode, "psn", p.PSN, "wpsn", w.psn, "npkts", w.npkts, "rdGot", w.rdGot, "n", n, "length", w.length)
@@ -963,6 +965,10 @@ func (d *Device) onAtomicAck(q *qp, p *roce.Packet) {
 		return
 	}
 	d.acked(q, (w.psn-1)&roce.PSNMask)
+	if p.Syndrome&roce.AETHKind != roce.AETHAck { // a NAK is an Acknowledge, not a response
+		d.requestError(q, w, mlx4hw.SyndromeBadRespErr)
+		return
+	}
 	var b [8]byte
 	binary.NativeEndian.PutUint64(b[:], p.OrigData)
 	if !scatter(w.sg, 0, b[:]) {
