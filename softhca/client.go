@@ -39,10 +39,14 @@ type memory interface {
 	// queue returns [addr, addr+n) of queue memory the client shares with
 	// the device, or an EFAULT error.
 	queue(addr uint64, n int) ([]byte, error)
-	// region checks that [addr, addr+n) may be registered (mapped, and
-	// writable when write is set) and returns a direct view of it when the
-	// device can access it directly, or nil.
-	region(addr, n uint64, write bool) ([]byte, error)
+	// mapping checks that [addr, addr+n) may be registered (mapped, and
+	// writable when write is set) and says what maps it. It reads
+	// /proc/<pid>/maps, which takes as long as the client's map is large or
+	// busy: callers do not hold d.mu.
+	mapping(addr, n uint64, write bool) (fileMapping, error)
+	// region returns a direct view of [addr, addr+n), which mapping found
+	// mapped by fm, when the device can access it directly, or nil.
+	region(addr, n uint64, fm fileMapping) ([]byte, error)
 	// hold and release count the memory regions that use a view region
 	// returned, so that memory the device mapped for it stays mapped.
 	hold(view []byte)

@@ -19,6 +19,31 @@ type request struct {
 	in     []byte // the core payload followed by the driver payload
 	resp   uint64 // where the response goes
 	outLen int    // room for the response (core and driver)
+
+	// mapped is, for REG_MR, what the client's /proc/<pid>/maps said of
+	// the region, read before d.mu was taken (prepare); nil if not read.
+	mapped *mapCheck
+}
+
+// mapCheck is the outcome of memory.mapping.
+type mapCheck struct {
+	fm  fileMapping
+	err error
+}
+
+// prepare does the part of a command that needs no device state and may
+// take long, before the command takes d.mu, which every client and the
+// engine wait for: REG_MR's read of the client's memory map.
+func (r *request) prepare() {
+	if r.op != uverbs.CmdRegMR || r.ext {
+		return
+	}
+	req, _, err := payload[uverbs.RegMR](r)
+	if err != nil {
+		return // the handler reports it
+	}
+	fm, err := r.c.mem.mapping(req.Start, req.Length, regMRWrites(req.AccessFlags))
+	r.mapped = &mapCheck{fm, err}
 }
 
 // handler executes a command and returns its response: the core response
@@ -140,6 +165,7 @@ func (c *Client) run(r *request) error {
 			return err
 		}
 	}
+	r.prepare()
 	d.mu.Lock()
 	if c.closed || d.closed {
 		d.mu.Unlock()

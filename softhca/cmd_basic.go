@@ -171,8 +171,15 @@ func (d *Device) cmdRegMR(r *request) ([]byte, error) {
 	if len(d.mrs) >= maxMR {
 		return nil, unix.Error(unix.ENOMEM, "too many memory regions")
 	}
-	write := req.AccessFlags&(accLocalWrite|accRemoteWrite|accRemoteAtomic) != 0
-	view, err := r.c.mem.region(req.Start, req.Length, write)
+	mc := r.mapped
+	if mc == nil { // not prepared: read the map now
+		mc = new(mapCheck)
+		mc.fm, mc.err = r.c.mem.mapping(req.Start, req.Length, regMRWrites(req.AccessFlags))
+	}
+	if mc.err != nil {
+		return nil, mc.err
+	}
+	view, err := r.c.mem.region(req.Start, req.Length, mc.fm)
 	if err != nil {
 		return nil, err
 	}
@@ -189,6 +196,12 @@ func (d *Device) cmdRegMR(r *request) ([]byte, error) {
 	r.c.mem.hold(view)
 	core = uverbs.RegMRResp{MRHandle: r.c.addObject(m), Lkey: m.key, Rkey: m.key}
 	return response[uverbs.RegMRResp, noDriver](r, &core, nil)
+}
+
+// regMRWrites says whether a region with these access flags is written,
+// and so must be mapped writable.
+func regMRWrites(access uint32) bool {
+	return access&(accLocalWrite|accRemoteWrite|accRemoteAtomic) != 0
 }
 
 // allocMRIndex finds a free key index.

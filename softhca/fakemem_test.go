@@ -31,7 +31,11 @@ func (m *fakeMemory) queue(addr uint64, n int) ([]byte, error) {
 	return m.span(addr, uint64(n))
 }
 
-func (m *fakeMemory) region(addr, n uint64, write bool) ([]byte, error) { return m.span(addr, n) }
+func (m *fakeMemory) mapping(addr, n uint64, write bool) (fileMapping, error) {
+	_, err := m.span(addr, n)
+	return fileMapping{}, err
+}
+func (m *fakeMemory) region(addr, n uint64, _ fileMapping) ([]byte, error) { return m.span(addr, n) }
 
 func (m *fakeMemory) read(addr uint64, b []byte) error {
 	s, err := m.span(addr, uint64(len(b)))

@@ -43,10 +43,11 @@ func (m processMemory) writev(addr uint64, bs [][]byte) error {
 	return unix.ProcessVMWriteVec(m.pid, bs, addr)
 }
 
-func (m *localMemory) region(addr, n uint64, write bool) ([]byte, error) {
-	if _, err := checkMapped(m.pid, addr, n, write); err != nil {
-		return nil, err
-	}
+func (m *localMemory) mapping(addr, n uint64, write bool) (fileMapping, error) {
+	return checkMapped(m.pid, addr, n, write)
+}
+
+func (m *localMemory) region(addr, n uint64, _ fileMapping) ([]byte, error) {
 	if m.noViews {
 		return nil, nil
 	}
@@ -74,7 +75,7 @@ func checkMapped(pid int, addr, n uint64, write bool) (fm fileMapping, err error
 	if end < addr {
 		return fm, unix.Errorf(unix.EINVAL, "region at %#x of %d bytes wraps", addr, n)
 	}
-	maps, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
+	maps, err := readMaps(pid)
 	if err != nil {
 		return fm, unix.Errorf(unix.EFAULT, "read memory map: %v", err)
 	}
@@ -113,6 +114,9 @@ func checkMapped(pid int, addr, n uint64, write bool) (fm fileMapping, err error
 	}
 	return fm, nil
 }
+
+// readMaps reads /proc/<pid>/maps. Tests replace it.
+var readMaps = func(pid int) ([]byte, error) { return os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps") }
 
 // parseMapsLine reads "perms offset major:minor inode [path]", the rest of
 // a /proc/<pid>/maps line whose mapping starts at lo, and returns the file

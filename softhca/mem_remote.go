@@ -38,18 +38,24 @@ type sharedRegion struct {
 	refs int    // memory regions using it
 }
 
-// region checks [addr, addr+n) of the client and returns the device's view
-// of it if the client shared the memfd memory it lies in, or nil (reach it
-// with process_vm_readv/writev). A view is the client's memory only while
-// the client maps that memfd there: one it freed, and mapped something
-// else at the same address since without sharing it, is not (a region on
-// the old view would move data to and from memory the client no longer
-// sees). An unused view found so is unmapped.
-func (m *remoteMemory) region(addr, n uint64, write bool) ([]byte, error) {
-	fm, err := checkMapped(m.pid, addr, n, write)
-	if err != nil {
-		return nil, err
-	}
+func (m *remoteMemory) mapping(addr, n uint64, write bool) (fileMapping, error) {
+	return checkMapped(m.pid, addr, n, write)
+}
+
+// region returns the device's view of [addr, addr+n) of the client if the
+// client shared the memfd memory it lies in, or nil (reach it with
+// process_vm_readv/writev). fm is what mapping found there. A view is the
+// client's memory only while the client maps that memfd there: one it
+// freed, and mapped something else at the same address since without
+// sharing it, is not (a region on the old view would move data to and
+// from memory the client no longer sees). So the view is returned only if
+// fm is the very memfd, at the very offset, of the shared region, checked
+// here under m.mu against the region as it is now: the client may have
+// changed its mappings, and shared other memory, since fm was read. The
+// device's mapping keeps the memfd's inode alive, so a match cannot be
+// another file that reused the number; a remap after the read is then as
+// one after the registration. An unused view found stale is unmapped.
+func (m *remoteMemory) region(addr, n uint64, fm fileMapping) ([]byte, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.sharedAt(addr, n)

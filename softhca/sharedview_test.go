@@ -37,8 +37,15 @@ func TestSharedViewMatchesMapping(t *testing.T) {
 	defer m.close()
 	addr := uint64(unix.AddrOf(client))
 	m.addShared(addr, view, fileID{major, minor, ino})
+	region := func(addr, n uint64) ([]byte, error) {
+		fm, err := m.mapping(addr, n, true)
+		if err != nil {
+			return nil, err
+		}
+		return m.region(addr, n, fm)
+	}
 	for _, at := range []uint64{0, pg} {
-		if v, err := m.region(addr+at, pg, true); err != nil || v == nil || unix.AddrOf(v) != unix.AddrOf(view)+uintptr(at) {
+		if v, err := region(addr+at, pg); err != nil || v == nil || unix.AddrOf(v) != unix.AddrOf(view)+uintptr(at) {
 			t.Fatalf("region at +%d: %v, %v; want the device's view", at, v == nil, err)
 		}
 	}
@@ -47,7 +54,7 @@ func TestSharedViewMatchesMapping(t *testing.T) {
 		syscall.MAP_SHARED|syscall.MAP_FIXED, uintptr(fd), pg); e != 0 {
 		t.Fatal(e)
 	}
-	if v, err := m.region(addr, pg, true); err != nil || v != nil {
+	if v, err := region(addr, pg); err != nil || v != nil {
 		t.Fatalf("region over page 1 of the memfd mapped at page 0's address: view %v, %v; want none", v != nil, err)
 	}
 }
