@@ -11,7 +11,7 @@ import (
 // TestConformanceHardware runs the verbs suite on a real ConnectX-3 HCA,
 // both sides on its first port, when the machine has one.
 func TestConformanceHardware(t *testing.T) {
-	devs, err := verbs.Devices()
+	devs, err := verbs.Devices(context.Background())
 	if err != nil {
 		t.Logf("listing devices: %v", err)
 	}

@@ -37,7 +37,7 @@ func (uverbsDriver) Name() string { return driverName }
 
 // Devices lists the kernel's mlx4 devices. A machine without RDMA devices
 // has no /sys/class/infiniband: that is an empty list, not an error.
-func (uverbsDriver) Devices() ([]verbs.DeviceInfo, error) {
+func (uverbsDriver) Devices(context.Context) ([]verbs.DeviceInfo, error) {
 	ents, err := os.ReadDir(sysfsIB)
 	if os.IsNotExist(err) {
 		return nil, nil

@@ -4,6 +4,7 @@ package softhca
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -144,7 +145,7 @@ type softDriver struct{}
 
 func (softDriver) Name() string { return "soft" }
 
-func (softDriver) Devices() ([]verbs.DeviceInfo, error) {
+func (softDriver) Devices(ctx context.Context) ([]verbs.DeviceInfo, error) {
 	local.mu.Lock()
 	var out []verbs.DeviceInfo
 	seen := map[string]bool{}
@@ -157,20 +158,37 @@ func (softDriver) Devices() ([]verbs.DeviceInfo, error) {
 	if err != nil {
 		return out, fmt.Errorf("softhca: list %s: %w", RuntimeDir(), err)
 	}
+	if _, ok := ctx.Deadline(); !ok {
+		// A device that accepted and never answers (stopped) must not
+		// hang a caller that set no bound.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, listWait)
+		defer cancel()
+	}
+	var errs []error
 	for _, n := range names {
 		if seen[n] {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		info, err := serviceInfo(ctx, "", n)
-		cancel()
-		if err != nil {
-			continue // a socket left by a device that died
+		switch {
+		case errors.Is(err, verbs.ErrNoDevice):
+			continue // a socket left by a device that died: refused at once
+		case err != nil:
+			// A device is there but did not answer (in time): say so,
+			// rather than list it as gone.
+			errs = append(errs, fmt.Errorf("softhca: device %s: %w", n, err))
+			continue
 		}
 		out = append(out, verbs.DeviceInfo{Name: info.name, Driver: "soft", NodeGUID: info.guid, Transport: "software"})
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
+
+// listWait bounds a listing whose caller set no deadline: long enough for
+// live devices on a loaded machine to answer, short enough that a stopped
+// one does not hang it.
+const listWait = 30 * time.Second
 
 func (softDriver) Open(ctx context.Context, name string, cfg verbs.Config) (verbs.Provider, error) {
 	local.mu.Lock()

@@ -65,12 +65,13 @@ func registered() []Driver {
 // github.com/xrcrun/xrc/mlx4, software HCAs through
 // github.com/xrcrun/xrc/softhca. A driver that fails to list its devices is
 // reported in the error, joined with the others'; the devices found are still
-// returned.
-func Devices() ([]DeviceInfo, error) {
+// returned. ctx bounds what a driver waits for: a device that has not
+// answered when it ends is left out and reported in the error.
+func Devices(ctx context.Context) ([]DeviceInfo, error) {
 	var all []DeviceInfo
 	var errs []error
 	for _, d := range registered() {
-		devs, err := d.Devices()
+		devs, err := d.Devices(ctx)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("list %s devices: %w", d.Name(), err))
 		}
@@ -85,7 +86,7 @@ var ErrNoDevice = errors.New("no such RDMA device")
 
 // Open opens the named device. An empty name opens the first device listed.
 func Open(ctx context.Context, name string, cfg Config) (*Context, error) {
-	devs, err := Devices()
+	devs, err := Devices(ctx)
 	if len(devs) == 0 && err != nil {
 		return nil, err
 	}

@@ -26,8 +26,9 @@ import (
 type Driver interface {
 	// Name identifies the driver ("mlx4", "soft").
 	Name() string
-	// Devices lists the devices the driver can open now.
-	Devices() ([]DeviceInfo, error)
+	// Devices lists the devices the driver can open now. What it waits
+	// for (a device service's answer) ends when ctx does.
+	Devices(ctx context.Context) ([]DeviceInfo, error)
 	// Open opens the named device.
 	Open(ctx context.Context, name string, cfg Config) (Provider, error)
 }

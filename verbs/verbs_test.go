@@ -138,8 +138,8 @@ type listDriver struct {
 	err  error
 }
 
-func (d listDriver) Name() string                   { return d.name }
-func (d listDriver) Devices() ([]DeviceInfo, error) { return d.devs, d.err }
+func (d listDriver) Name() string                                  { return d.name }
+func (d listDriver) Devices(context.Context) ([]DeviceInfo, error) { return d.devs, d.err }
 func (d listDriver) Open(context.Context, string, Config) (Provider, error) {
 	return nil, syscall.ENODEV
 }
@@ -158,7 +158,7 @@ func registerTestDriver(t *testing.T, d Driver) {
 func TestDevices(t *testing.T) {
 	registerTestDriver(t, listDriver{name: "test-a", devs: []DeviceInfo{{Name: "zz9", Driver: "test-a"}}})
 	registerTestDriver(t, listDriver{name: "test-b", err: syscall.EACCES})
-	devs, err := Devices()
+	devs, err := Devices(context.Background())
 	if !errors.Is(err, syscall.EACCES) {
 		t.Fatalf("a failing driver's error is not reported: %v", err)
 	}

@@ -49,7 +49,7 @@ func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fs.Usage()
 		return fmt.Errorf("xrcrun devices: -i %d: ports are numbered from 1", port)
 	}
-	devs, err := verbs.Devices()
+	devs, err := verbs.Devices(ctx)
 	if list {
 		// ibv_devinfo -l: the names, also when there are none.
 		if err != nil && len(devs) == 0 {
@@ -60,14 +60,14 @@ func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			fmt.Fprintf(stdout, "\t%s\n", info.Name)
 		}
 		fmt.Fprintln(stdout)
-		return nil
+		return err // a device that did not answer, told rather than left out silently
 	}
 	if len(devs) == 0 && (only == "" || err != nil) {
 		// As ibv_devinfo: no device is a failure, told on stderr (with
 		// -d, that the device was not found, below).
 		return errors.Join(errNoDevices, err)
 	}
-	var errs []error
+	errs := []error{err} // a device that did not answer
 	found := false
 	for _, info := range devs {
 		if only != "" && info.Name != only {
@@ -79,7 +79,7 @@ func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 	}
 	if !found {
-		return fmt.Errorf("IB device '%s' wasn't found", only)
+		return errors.Join(fmt.Errorf("IB device '%s' wasn't found", only), err)
 	}
 	return errors.Join(errs...)
 }

@@ -194,7 +194,7 @@ func TestStaleSocket(t *testing.T) {
 // prints nothing on stdout.
 func TestNoDevices(t *testing.T) {
 	t.Setenv(softhca.RuntimeDirEnv, t.TempDir())
-	if devs, _ := verbs.Devices(); len(devs) > 0 {
+	if devs, _ := verbs.Devices(context.Background()); len(devs) > 0 {
 		t.Skipf("this machine has devices: %v", devs)
 	}
 	for _, args := range [][]string{{"devices"}, {"devices", "-v"}} {

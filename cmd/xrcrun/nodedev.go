@@ -43,7 +43,7 @@ func setupDevice(ctx context.Context, spec agentSpec, node int, log *slog.Logger
 		dir, releaseDir = d, remove
 	}
 	if !spec.Emulated {
-		if name, ok := kernelDevice(); ok {
+		if name, ok := kernelDevice(ctx); ok {
 			log.Info("using the host's RDMA device", "device", name)
 			return &nodeDevice{name: name, dir: dir, close: releaseDir}, nil
 		}
@@ -102,8 +102,8 @@ func serveDevice(ctx context.Context, d *softhca.Device, dir string) error {
 
 // kernelDevice returns the name of the host's first RDMA device driven by
 // the kernel (verbs lists them from sysfs).
-func kernelDevice() (string, bool) {
-	devs, _ := verbs.Devices()
+func kernelDevice(ctx context.Context) (string, bool) {
+	devs, _ := verbs.Devices(ctx)
 	for _, d := range devs {
 		if d.Transport == "InfiniBand" { // a kernel device, not a soft HCA's service
 			return d.Name, true
