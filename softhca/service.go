@@ -56,6 +56,8 @@ func (d *Device) Serve(ctx context.Context, dir string) error {
 	stopped := make(chan struct{})
 	var stopOnce sync.Once
 	stop := func() { stopOnce.Do(func() { close(stopped); ln.Close() }) }
+	forget := serving.add(stop)
+	defer forget()
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -121,6 +123,47 @@ func (d *Device) Serve(ctx context.Context, dir string) error {
 	wg.Wait()
 	d.log.Info("stopped serving", "socket", path)
 	return acceptErr
+}
+
+// serving holds the services this process runs, for RemoveSockets.
+var serving stopSet
+
+// stopSet holds the stop functions of running services.
+type stopSet struct {
+	sync.Mutex
+	next  int
+	stops map[int]func()
+}
+
+// add registers stop until the returned function is called.
+func (s *stopSet) add(stop func()) (forget func()) {
+	s.Lock()
+	defer s.Unlock()
+	if s.stops == nil {
+		s.stops = map[int]func(){}
+	}
+	id := s.next
+	s.next++
+	s.stops[id] = stop
+	return func() {
+		s.Lock()
+		delete(s.stops, id)
+		s.Unlock()
+	}
+}
+
+// RemoveSockets stops the device services of this process from taking
+// connections and removes their sockets, as the end of their contexts
+// would, at once: for a process about to exit without waiting for Serve to
+// return (xrcrun hca on a second SIGINT), which would leave its socket
+// behind. It waits for nothing else; the services' Serve calls then wind
+// down as when their contexts end.
+func RemoveSockets() {
+	serving.Lock()
+	defer serving.Unlock()
+	for _, stop := range serving.stops {
+		stop()
+	}
 }
 
 // outOfResources reports whether accept failed for want of descriptors

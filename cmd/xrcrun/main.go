@@ -17,6 +17,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/xrcrun/xrc/softhca"
 )
 
 func main() {
@@ -39,6 +41,7 @@ func main() {
 			if len(os.Args) < 2 || os.Args[1] != "agent" {
 				fmt.Fprintln(os.Stderr, "xrcrun: second signal; exiting now")
 				removeTempDirs()
+				softhca.RemoveSockets() // xrcrun hca's: a client must not find a dead device's socket
 				os.Exit(signalCause{s}.ExitStatus())
 			}
 		}
