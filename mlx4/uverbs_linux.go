@@ -48,8 +48,7 @@ func (uverbsDriver) Devices(context.Context) ([]verbs.DeviceInfo, error) {
 	var out []verbs.DeviceInfo
 	for _, e := range ents {
 		name := e.Name()
-		drv, _ := os.Readlink(filepath.Join(sysfsIB, name, "device", "driver"))
-		if filepath.Base(drv) != mlx4KDriver && !strings.HasPrefix(name, "mlx4_") {
+		if !isMLX4(name) {
 			continue
 		}
 		path, err := uverbsPath(name)
@@ -62,7 +61,21 @@ func (uverbsDriver) Devices(context.Context) ([]verbs.DeviceInfo, error) {
 	return out, nil
 }
 
+// isMLX4 reports whether the kernel's IB device name is an mlx4 HCA.
+func isMLX4(name string) bool {
+	if _, err := os.Stat(filepath.Join(sysfsIB, name)); err != nil {
+		return false
+	}
+	drv, _ := os.Readlink(filepath.Join(sysfsIB, name, "device", "driver"))
+	return filepath.Base(drv) == mlx4KDriver || strings.HasPrefix(name, "mlx4_")
+}
+
+// Open opens the kernel's mlx4 device name; a name that is not one is
+// verbs.ErrNoDevice, so that verbs.Open asks the next driver.
 func (uverbsDriver) Open(ctx context.Context, name string, cfg verbs.Config) (verbs.Provider, error) {
+	if !isMLX4(name) {
+		return nil, fmt.Errorf("mlx4: no kernel mlx4 device %s: %w", name, verbs.ErrNoDevice)
+	}
 	k, err := OpenUverbs(name)
 	if err != nil {
 		return nil, err

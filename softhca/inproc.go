@@ -165,22 +165,27 @@ func (softDriver) Devices(ctx context.Context) ([]verbs.DeviceInfo, error) {
 		ctx, cancel = context.WithTimeout(ctx, listWait)
 		defer cancel()
 	}
-	var errs []error
-	for _, n := range names {
-		if seen[n] {
-			continue
-		}
-		info, err := serviceInfo(ctx, "", n)
-		switch {
+	// The services are asked together, so that one that does not answer
+	// costs the listing one wait, not one each.
+	names = slices.DeleteFunc(names, func(n string) bool { return seen[n] })
+	infos := make([]deviceInfo, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, n := range names {
+		wg.Go(func() { infos[i], errs[i] = serviceInfo(ctx, "", n) })
+	}
+	wg.Wait()
+	for i, n := range names {
+		switch err := errs[i]; {
 		case errors.Is(err, verbs.ErrNoDevice):
-			continue // a socket left by a device that died: refused at once
+			errs[i] = nil // a socket left by a device that died: refused at once
 		case err != nil:
 			// A device is there but did not answer (in time): say so,
 			// rather than list it as gone.
-			errs = append(errs, fmt.Errorf("softhca: device %s: %w", n, err))
-			continue
+			errs[i] = fmt.Errorf("softhca: device %s: %w", n, err)
+		default:
+			out = append(out, verbs.DeviceInfo{Name: infos[i].name, Driver: "soft", NodeGUID: infos[i].guid, Transport: "software"})
 		}
-		out = append(out, verbs.DeviceInfo{Name: info.name, Driver: "soft", NodeGUID: info.guid, Transport: "software"})
 	}
 	return out, errors.Join(errs...)
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -34,6 +35,8 @@ func TestSlowDeviceListed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
+	answered := make(chan struct{})
+	var once sync.Once
 	go func() {
 		for {
 			c, err := ln.AcceptUnix()
@@ -53,11 +56,14 @@ func TestSlowDeviceListed(t *testing.T) {
 				time.Sleep(2 * time.Second) // slow, not stuck
 				info := deviceInfo{guid: 0x5107, mtu: 1024, name: "slow0"}
 				c.Write(info.append(appendReply(nil, msgInfo, nil)))
+				c.Read(buf) // until the client, its answer read, hangs up
+				once.Do(func() { close(answered) })
 			}()
 		}
 	}()
-	// A device that never answers (stopped): the listing waits for it
-	// until the caller cancels, once it has asked.
+	// A device that never answers (stopped): the listing, which asks the
+	// devices together, waits for it until the caller cancels, once it
+	// has asked and slow0's answer has been taken.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	stuck, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: filepath.Join(dir, "stuck0.sock"), Net: "unixpacket"})
@@ -72,6 +78,7 @@ func TestSlowDeviceListed(t *testing.T) {
 		}
 		defer c.Close()
 		c.Read(make([]byte, maxMessage))
+		<-answered
 		cancel()
 		c.Read(make([]byte, maxMessage)) // until the client hangs up
 	}()

@@ -84,16 +84,28 @@ func Devices(ctx context.Context) ([]DeviceInfo, error) {
 // ErrNoDevice is returned by Open for a name no driver knows.
 var ErrNoDevice = errors.New("no such RDMA device")
 
-// Open opens the named device. An empty name opens the first device listed.
+// Open opens the named device: each registered driver is asked in turn,
+// without listing the devices, so that a device service that does not
+// answer holds up only those who open it. An empty name opens the first
+// device listed.
 func Open(ctx context.Context, name string, cfg Config) (*Context, error) {
+	if name != "" {
+		for _, d := range registered() {
+			p, err := d.Open(ctx, name, cfg)
+			if err == nil {
+				return NewContext(name, p, cfg), nil
+			}
+			if !errors.Is(err, ErrNoDevice) {
+				return nil, fmt.Errorf("open %s: %w", name, err)
+			}
+		}
+		return nil, fmt.Errorf("open %s: %w", name, ErrNoDevice)
+	}
 	devs, err := Devices(ctx)
 	if len(devs) == 0 && err != nil {
 		return nil, err
 	}
 	for _, dev := range devs {
-		if name != "" && dev.Name != name {
-			continue
-		}
 		for _, d := range registered() {
 			if d.Name() != dev.Driver {
 				continue
@@ -105,8 +117,5 @@ func Open(ctx context.Context, name string, cfg Config) (*Context, error) {
 			return NewContext(dev.Name, p, cfg), nil
 		}
 	}
-	if name == "" {
-		return nil, fmt.Errorf("open: %w", ErrNoDevice)
-	}
-	return nil, fmt.Errorf("open %s: %w", name, ErrNoDevice)
+	return nil, fmt.Errorf("open: %w", ErrNoDevice)
 }

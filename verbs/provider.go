@@ -29,7 +29,9 @@ type Driver interface {
 	// Devices lists the devices the driver can open now. What it waits
 	// for (a device service's answer) ends when ctx does.
 	Devices(ctx context.Context) ([]DeviceInfo, error)
-	// Open opens the named device.
+	// Open opens the named device. A name the driver has no device of is
+	// an error wrapping ErrNoDevice (verbs.Open then asks the next
+	// driver); any other error is the device's.
 	Open(ctx context.Context, name string, cfg Config) (Provider, error)
 }
 

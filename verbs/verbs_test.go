@@ -7,6 +7,7 @@ import (
 	"slices"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 )
 
@@ -140,8 +141,13 @@ type listDriver struct {
 
 func (d listDriver) Name() string                                  { return d.name }
 func (d listDriver) Devices(context.Context) ([]DeviceInfo, error) { return d.devs, d.err }
-func (d listDriver) Open(context.Context, string, Config) (Provider, error) {
-	return nil, syscall.ENODEV
+func (d listDriver) Open(_ context.Context, name string, _ Config) (Provider, error) {
+	for _, dev := range d.devs {
+		if dev.Name == name {
+			return nil, syscall.ENODEV // a device this test cannot open
+		}
+	}
+	return nil, ErrNoDevice
 }
 
 // registerTestDriver registers d until the test ends, so that the test can
@@ -189,5 +195,38 @@ func TestDevices(t *testing.T) {
 func TestQPOpsFirst(t *testing.T) {
 	if off := unsafe.Offsetof(QP{}.ops); off != 0 {
 		t.Fatalf("QP.ops at offset %d, want 0", off)
+	}
+}
+
+// stuckDriver's listing waits for its context, as a driver whose device
+// service accepted and never answers; it opens no device.
+type stuckDriver struct{}
+
+func (stuckDriver) Name() string { return "test-stuck" }
+func (stuckDriver) Devices(ctx context.Context) ([]DeviceInfo, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+func (stuckDriver) Open(context.Context, string, Config) (Provider, error) { return nil, ErrNoDevice }
+
+// TestOpenByNameDoesNotList: opening a device by name asks the drivers
+// for it and lists nothing, so that a device that never answers holds up
+// only a listing (Open listed all devices first, and with a context that
+// does not end waited for ever).
+func TestOpenByNameDoesNotList(t *testing.T) {
+	registerTestDriver(t, stuckDriver{})
+	registerTestDriver(t, listDriver{name: "test-open", devs: []DeviceInfo{{Name: "zz8", Driver: "test-open"}}})
+	done := make(chan error, 1)
+	go func() {
+		_, err := Open(context.Background(), "zz8", Config{})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, syscall.ENODEV) { // what listDriver's Open of zz8 says
+			t.Fatalf("open zz8: %v, want the driver's own error", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Open by name still waiting a minute on, behind a driver's listing")
 	}
 }
