@@ -40,10 +40,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	test := fs.String("test", "latency", "the test: latency (ping-pong, as osu_latency) or bw (streaming, as osu_bw)")
 	sizes := fs.String("m", "", "message sizes `[MIN:]MAX` in bytes (default 0:4194304 for latency, 1:4194304 for bw)")
-	iters := fs.Int("i", 0, "`N` timed iterations up to 8 KiB (default 10000 for latency, 100 for bw)")
+	iters, itersLarge := count{min: 1}, count{min: 1}
 	var warmup, warmupLarge count
+	fs.Var(&iters, "i", "`N` timed iterations up to 8 KiB (default 10000 for latency, 100 for bw)")
 	fs.Var(&warmup, "x", "`N` warm-up iterations up to 8 KiB (default 100 for latency, 10 for bw)")
-	itersLarge := fs.Int("il", 0, "`N` timed iterations above 8 KiB (default 1000 for latency, 20 for bw)")
+	fs.Var(&itersLarge, "il", "`N` timed iterations above 8 KiB (default 1000 for latency, 20 for bw)")
 	fs.Var(&warmupLarge, "xl", "`N` warm-up iterations above 8 KiB (default 10 for latency, 2 for bw)")
 	window := fs.Int("W", 64, "sends in flight in the bandwidth test")
 	asJSON := fs.Bool("json", false, "print the results as JSON instead of the table")
@@ -65,14 +66,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		cfg.MinSize, cfg.MaxSize = lo, hi
 	}
-	set := func(dst *int, v, unset int) {
-		if v != unset {
-			*dst = v
-		}
-	}
-	set(&cfg.Iters, *iters, 0)
+	iters.setIn(&cfg.Iters)
 	warmup.setIn(&cfg.Warmup)
-	set(&cfg.ItersLarge, *itersLarge, 0)
+	itersLarge.setIn(&cfg.ItersLarge)
 	warmupLarge.setIn(&cfg.WarmupLarge)
 	cfg.Window = *window
 
@@ -167,12 +163,13 @@ func parseSizes(s string, defMin int) (lo, hi int, err error) {
 	return lo, hi, nil
 }
 
-// count is a flag for a count that may be 0, whose default depends on
-// the test. Unset, it prints as "" so that -h gives only the default its
-// usage names (an int flag with -1 for unset added "(default -1)").
+// count is a flag for a count of min or more (warm-up iterations may be
+// 0, timed ones not, as OSU says), whose default depends on the test.
+// Unset, it prints as "" so that -h gives only the default its usage
+// names (an int flag with -1 for unset added "(default -1)").
 type count struct {
-	n   int
-	set bool
+	n, min int
+	set    bool
 }
 
 func (c *count) String() string {
@@ -184,8 +181,8 @@ func (c *count) String() string {
 
 func (c *count) Set(s string) error {
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 {
-		return errors.New("not a count (an integer, 0 or more)")
+	if err != nil || n < c.min {
+		return fmt.Errorf("not a count (an integer, %d or more)", c.min)
 	}
 	c.n, c.set = n, true
 	return nil

@@ -76,3 +76,22 @@ func TestWarmupFlags(t *testing.T) {
 		}
 	}
 }
+
+// OSU refuses -i 0 ("Invalid Number of Iterations", osu_util.c's
+// set_num_iterations takes 1 or more); -i 0 and -il 0 took the default,
+// 0 being the mark of unset, and measured 10000 iterations.
+func TestItersFlags(t *testing.T) {
+	t.Setenv("XRC_BOOTSTRAP", "")
+	t.Setenv("XRC_RUNTIME_DIR", t.TempDir())
+	var out, errb bytes.Buffer
+	for _, f := range []string{"-i", "-il"} {
+		for _, v := range []string{"0", "-1"} {
+			if err := run(context.Background(), []string{f, v}, &out, &errb); err == nil || strings.Contains(err.Error(), "exactly 2 ranks") {
+				t.Errorf("%s %s: %v", f, v, err)
+			}
+		}
+		if err := run(context.Background(), []string{f, "1"}, &out, &errb); err == nil || !strings.Contains(err.Error(), "exactly 2 ranks") {
+			t.Errorf("%s 1: %v", f, err)
+		}
+	}
+}
