@@ -35,43 +35,62 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// options are what the command line asks for.
+type options struct {
+	test                   pt2pt.Test
+	cfg                    pt2pt.Config
+	json, goBench          bool
+	cpuProfile, memProfile string
+}
+
+// parse reads the command line; -h prints the usage on stderr.
+func parse(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("osu", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	test := fs.String("test", "latency", "the test: latency (ping-pong, as osu_latency) or bw (streaming, as osu_bw)")
 	sizes := fs.String("m", "", "message sizes `[MIN:]MAX` in bytes (default 0:4194304 for latency, 1:4194304 for bw)")
 	iters, itersLarge := count{min: 1}, count{min: 1}
 	var warmup, warmupLarge count
-	fs.Var(&iters, "i", "`N` timed iterations up to 8 KiB (default 10000 for latency, 100 for bw)")
-	fs.Var(&warmup, "x", "`N` warm-up iterations up to 8 KiB (default 100 for latency, 10 for bw)")
-	fs.Var(&itersLarge, "il", "`N` timed iterations above 8 KiB (default 1000 for latency, 20 for bw)")
-	fs.Var(&warmupLarge, "xl", "`N` warm-up iterations above 8 KiB (default 10 for latency, 2 for bw)")
+	fs.Var(&iters, "i", "`N` timed iterations, of every size as OSU's -i unless -il (default 10000 for latency, 100 for bw)")
+	fs.Var(&warmup, "x", "`N` warm-up iterations, of every size as OSU's -x unless -xl (default 100 for latency, 10 for bw)")
+	fs.Var(&itersLarge, "il", "`N` timed iterations above 8 KiB, over -i (default 1000 for latency, 20 for bw)")
+	fs.Var(&warmupLarge, "xl", "`N` warm-up iterations above 8 KiB, over -x (default 10 for latency, 2 for bw)")
 	window := fs.Int("W", 64, "sends in flight in the bandwidth test")
 	asJSON := fs.Bool("json", false, "print the results as JSON instead of the table")
 	goBench := fs.Bool("gobench", false, "print Go benchmark format lines after the table")
 	cpuProfile := fs.String("cpuprofile", "", "write each rank's CPU profile to `FILE`.RANK")
 	memProfile := fs.String("memprofile", "", "write each rank's allocation profile to `FILE`.RANK (every allocation sampled)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return options{}, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return options{}, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	t := pt2pt.Test(*test)
 	cfg := pt2pt.Defaults(t)
 	if *sizes != "" {
 		lo, hi, err := parseSizes(*sizes, cfg.MinSize)
 		if err != nil {
-			return err
+			return options{}, err
 		}
 		cfg.MinSize, cfg.MaxSize = lo, hi
 	}
-	iters.setIn(&cfg.Iters)
-	warmup.setIn(&cfg.Warmup)
+	// As OSU's, -i and -x count for the large sizes too; -il and -xl,
+	// which OSU does not have, override them there.
+	iters.setIn(&cfg.Iters, &cfg.ItersLarge)
+	warmup.setIn(&cfg.Warmup, &cfg.WarmupLarge)
 	itersLarge.setIn(&cfg.ItersLarge)
 	warmupLarge.setIn(&cfg.WarmupLarge)
 	cfg.Window = *window
+	return options{test: t, cfg: cfg, json: *asJSON, goBench: *goBench, cpuProfile: *cpuProfile, memProfile: *memProfile}, nil
+}
 
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parse(args, stderr)
+	if err != nil {
+		return err
+	}
+	t := o.test
 	w, err := comm.Init(ctx, comm.Config{})
 	if err != nil {
 		return err
@@ -80,11 +99,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// Every rank knows: no one waits for another.
 		return errors.Join(fmt.Errorf("the test takes exactly 2 ranks, not %d (xrcrun -n 2)", w.Size()), w.Finalize(ctx))
 	}
-	stop, err := profile(*cpuProfile, *memProfile, w.Rank())
+	stop, err := profile(o.cpuProfile, o.memProfile, w.Rank())
 	if err != nil {
 		return errors.Join(err, w.Finalize(ctx))
 	}
-	res, pair, err := pt2pt.Run(ctx, w, t, cfg)
+	res, pair, err := pt2pt.Run(ctx, w, t, o.cfg)
 	err = errors.Join(err, stop())
 	if err != nil {
 		// The other rank waits for messages that will not come: end
@@ -98,11 +117,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if !pair.SameNode {
 			rep.Where = "2 ranks on two nodes"
 		}
-		if *asJSON {
+		if o.json {
 			err = pt2pt.WriteJSON(stdout, rep)
 		} else {
 			err = pt2pt.WriteTable(stdout, rep)
-			if err == nil && *goBench {
+			if err == nil && o.goBench {
 				err = pt2pt.WriteGoBench(stdout, rep)
 			}
 		}
@@ -188,9 +207,11 @@ func (c *count) Set(s string) error {
 	return nil
 }
 
-// setIn stores the count in dst if the flag was given.
-func (c *count) setIn(dst *int) {
+// setIn stores the count in each dst if the flag was given.
+func (c *count) setIn(dst ...*int) {
 	if c.set {
-		*dst = c.n
+		for _, d := range dst {
+			*d = c.n
+		}
 	}
 }

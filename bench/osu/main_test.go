@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"strings"
 	"testing"
 )
@@ -92,6 +93,35 @@ func TestItersFlags(t *testing.T) {
 		}
 		if err := run(context.Background(), []string{f, "1"}, &out, &errb); err == nil || !strings.Contains(err.Error(), "exactly 2 ranks") {
 			t.Errorf("%s 1: %v", f, err)
+		}
+	}
+}
+
+// OSU's -i and -x set the iterations and warm-up of every size, large
+// ones too (osu_util.c's set_num_iterations and set_num_warmup set
+// iterations_large and skip_large as well): osu_latency -i 100 runs 100
+// iterations at 4 MiB, where bench/osu ran its default 1000. -il and -xl,
+// which OSU does not have, still set the large sizes' apart.
+func TestItersAllSizes(t *testing.T) {
+	for _, c := range []struct {
+		args                  []string
+		iters, warm, iLg, xLg int
+	}{
+		{[]string{"-test", "latency"}, 10000, 100, 1000, 10},
+		{[]string{"-test", "bw"}, 100, 10, 20, 2},
+		{[]string{"-i", "7", "-x", "3"}, 7, 3, 7, 3},
+		{[]string{"-test", "bw", "-i", "7", "-x", "0"}, 7, 0, 7, 0},
+		{[]string{"-i", "7", "-x", "3", "-il", "5", "-xl", "1"}, 7, 3, 5, 1},
+		{[]string{"-il", "5", "-xl", "1", "-i", "7", "-x", "3"}, 7, 3, 5, 1},
+		{[]string{"-il", "5"}, 10000, 100, 5, 10},
+	} {
+		o, err := parse(c.args, io.Discard)
+		if err != nil {
+			t.Fatalf("%q: %v", c.args, err)
+		}
+		if g := o.cfg; g.Iters != c.iters || g.Warmup != c.warm || g.ItersLarge != c.iLg || g.WarmupLarge != c.xLg {
+			t.Errorf("%q: %d (%d warm-up), above 8 KiB %d (%d); want %d (%d), %d (%d)", c.args,
+				g.Iters, g.Warmup, g.ItersLarge, g.WarmupLarge, c.iters, c.warm, c.iLg, c.xLg)
 		}
 	}
 }
