@@ -48,7 +48,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("osu", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	test := fs.String("test", "latency", "the test: latency (ping-pong, as osu_latency) or bw (streaming, as osu_bw)")
-	sizes := fs.String("m", "", "message sizes `[MIN:]MAX` in bytes (default 0:4194304 for latency, 1:4194304 for bw)")
+	sizes := fs.String("m", "", "message sizes `[MIN:]MAX` in bytes, or MIN: (default 0:4194304 for latency, 1:4194304 for bw)")
 	iters, itersLarge := count{min: 1}, count{min: 1}
 	var warmup, warmupLarge count
 	fs.Var(&iters, "i", "`N` timed iterations, of every size as OSU's -i unless -il (default 10000 for latency, 100 for bw)")
@@ -69,7 +69,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	t := pt2pt.Test(*test)
 	cfg := pt2pt.Defaults(t)
 	if *sizes != "" {
-		lo, hi, err := parseSizes(*sizes, cfg.MinSize)
+		lo, hi, err := parseSizes(*sizes, cfg.MinSize, cfg.MaxSize)
 		if err != nil {
 			return options{}, err
 		}
@@ -162,8 +162,9 @@ func profile(cpu, mem string, rank int) (stop func() error, err error) {
 	}, nil
 }
 
-// parseSizes reads OSU's -m argument: MAX, or MIN:MAX.
-func parseSizes(s string, defMin int) (lo, hi int, err error) {
+// parseSizes reads OSU's -m argument: MAX, MIN:MAX, or MIN: (the
+// default MAX).
+func parseSizes(s string, defMin, defMax int) (lo, hi int, err error) {
 	lo = defMin
 	a, b, ok := strings.Cut(s, ":")
 	if ok {
@@ -172,6 +173,9 @@ func parseSizes(s string, defMin int) (lo, hi int, err error) {
 		}
 	} else {
 		b = a
+	}
+	if ok && b == "" {
+		b = strconv.Itoa(defMax)
 	}
 	if hi, err = strconv.Atoi(b); err != nil {
 		return 0, 0, fmt.Errorf("-m %q: %w", s, err)
