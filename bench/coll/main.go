@@ -64,12 +64,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var cfg config
 	fs.StringVar(&cfg.test, "test", "allreduce", "the test: allreduce, bcast, barrier or iallreduce")
 	fs.IntVar(&cfg.max, "max", 1<<20, "the largest size in bytes")
-	fs.IntVar(&cfg.iters, "i", 1000, "timed calls up to 8 KiB")
-	fs.IntVar(&cfg.warmup, "x", 200, "warm-up calls up to 8 KiB")
-	fs.IntVar(&cfg.itersLarge, "il", 100, "timed calls above 8 KiB")
-	fs.IntVar(&cfg.warmLrg, "xl", 10, "warm-up calls above 8 KiB")
+	fs.IntVar(&cfg.iters, "i", 1000, "timed calls, of every size as OSU's -i unless -il")
+	fs.IntVar(&cfg.warmup, "x", 200, "warm-up calls, of every size as OSU's -x unless -xl")
+	fs.IntVar(&cfg.itersLarge, "il", 100, "timed calls above 8 KiB, over -i")
+	fs.IntVar(&cfg.warmLrg, "xl", 10, "warm-up calls above 8 KiB, over -x")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if given["i"] && !given["il"] {
+		cfg.itersLarge = cfg.iters
+	}
+	if given["x"] && !given["xl"] {
+		cfg.warmLrg = cfg.warmup
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())

@@ -65,3 +65,30 @@ func TestHelpStatus(t *testing.T) {
 		t.Errorf("-bogus: exit status %d, stderr %q", got, errb.String())
 	}
 }
+
+// OSU's -i and -x set the iterations and warm-up of every size
+// (osu_util.c's set_num_iterations and set_num_warmup set
+// iterations_large and skip_large too): osu_bcast -i 5 makes 5 calls of
+// 16 KiB, where bench/coll made its default 100. -il and -xl, which OSU
+// does not have, still set the large sizes' apart.
+func TestItersAllSizes(t *testing.T) {
+	for _, c := range []struct {
+		args  []string
+		iters string // of the 16 KiB row
+	}{
+		{[]string{"-i", "5", "-x", "1"}, "5"},
+		{[]string{"-i", "5", "-x", "1", "-il", "3", "-xl", "0"}, "3"},
+		{[]string{"-il", "3", "-xl", "0", "-i", "5", "-x", "1"}, "3"},
+	} {
+		var out, errb bytes.Buffer
+		args := append([]string{"-test", "bcast", "-max", "16384"}, c.args...)
+		if err := run(context.Background(), args, &out, &errb); err != nil {
+			t.Fatalf("%q: %v\n%s", args, err, errb.String())
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		f := strings.Fields(lines[len(lines)-1])
+		if len(f) != 5 || f[0] != "16384" || f[4] != c.iters {
+			t.Errorf("%q: last row %q, want 16384 with %s iterations", args, lines[len(lines)-1], c.iters)
+		}
+	}
+}
