@@ -6,7 +6,7 @@
 //	xrcrun -n 4 ./bench/coll -test allreduce   # sums of float64s, 8 B to 1 MiB
 //	xrcrun -n 4 ./bench/coll -test bcast       # from rank 0, 1 B to 1 MiB
 //	xrcrun -n 4 ./bench/coll -test barrier
-//	xrcrun -n 4 ./bench/coll -test iallreduce  # overlap, as osu_iallreduce
+//	xrcrun -n 4 ./bench/coll -test iallreduce  # overlap, after osu_iallreduce
 //
 // For each size every rank makes warm-up calls, passes a barrier, and
 // times the calls that follow; the table gives the average over the ranks
@@ -190,8 +190,11 @@ func measure(ctx context.Context, w *comm.Comm, test string, size, iters, warm i
 	return sum[0] / float64(w.Size()), least[0], most[0], err
 }
 
-// overlap measures Iallreduce of size bytes as osu_iallreduce does and
-// returns the table's row (at rank 0; the others get the same).
+// overlap measures Iallreduce of size bytes after osu_iallreduce (every
+// rank computes for the longest rank's pure time, where OSU's computes for
+// its own; no barrier between calls and no Test while computing, in
+// coll.c too) and returns the table's row (at rank 0; the others get the
+// same).
 func overlap(ctx context.Context, w *comm.Comm, size, iters, warm int) (string, error) {
 	vec := make([]float64, size/8)
 	out := make([]float64, size/8)
