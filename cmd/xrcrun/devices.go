@@ -39,7 +39,7 @@ func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintln(stderr, "usage: xrcrun devices [-v] [-l] [-d NAME] [-i PORT]")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	portSet := false

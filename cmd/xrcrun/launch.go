@@ -123,23 +123,32 @@ flags:
 	return fs, c
 }
 
+// parseFlags parses the flags of the launcher or of a subcommand: -h prints
+// the usage and returns flag.ErrHelp; a bad flag or value is one line of
+// error, which main prints, not the whole usage.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	usage, out := fs.Usage, fs.Output()
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.Usage = usage
+	fs.SetOutput(out)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		usage()
+		return err
+	case err != nil:
+		return fmt.Errorf("%w (%s -h lists the flags)", err, fs.Name())
+	}
+	return nil
+}
+
 // parseLaunch reads the launcher's command line.
 func parseLaunch(args []string, stderr io.Writer) (*launchConfig, error) {
 	fs, c := launchFlags(stderr)
-	// A bad flag is one line, not the whole usage; -h prints the usage.
-	usage := fs.Usage
-	fs.Usage = func() {}
-	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stderr)
-			usage()
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w (xrcrun -h lists the flags)", err)
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
 	}
-	fs.Usage = usage
-	fs.SetOutput(stderr)
 	switch m := fs.Lookup("map-by").Value.String(); m {
 	case "slot", "core":
 	case "node":

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -219,6 +221,28 @@ func TestUsage(t *testing.T) {
 		{"hca", "--name", "x", "--addr", "127.0.0.1", "extra"}} {
 		if err := run(context.Background(), args, os.Stdout, &errb); err == nil {
 			t.Errorf("xrcrun %q succeeded", args)
+		}
+	}
+}
+
+// TestSubcommandBadFlag: a bad flag of xrcrun hca or xrcrun devices is one
+// line of error, as the launcher's is (docs/xrcrun.md, Flags), and not the
+// flag package's message and usage followed by the same message again from
+// main; -h still prints the usage.
+func TestSubcommandBadFlag(t *testing.T) {
+	for _, args := range [][]string{{"hca", "--bogus"}, {"hca", "--mtu", "x"}, {"devices", "--bogus"}, {"devices", "-i", "x"}} {
+		var errb bytes.Buffer
+		err := run(context.Background(), args, io.Discard, &errb)
+		want := "(xrcrun " + args[0] + " -h lists the flags)"
+		if err == nil || !strings.HasSuffix(err.Error(), want) || errb.Len() > 0 {
+			t.Errorf("xrcrun %q: error %v, want one ending %q; stderr %q, want none", args, err, want, errb.String())
+		}
+	}
+	for _, cmd := range []string{"hca", "devices"} {
+		var errb bytes.Buffer
+		err := run(context.Background(), []string{cmd, "-h"}, io.Discard, &errb)
+		if !errors.Is(err, flag.ErrHelp) || !strings.HasPrefix(errb.String(), "usage: xrcrun "+cmd) {
+			t.Errorf("xrcrun %s -h: %v, stderr %q", cmd, err, errb.String())
 		}
 	}
 }
