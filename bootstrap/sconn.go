@@ -85,7 +85,7 @@ func newSconn(nc net.Conn, m *serverMetrics) *sconn {
 // the answers to every get of it); neither may change afterwards.
 func (c *sconn) enqueue(frame, rest []byte) {
 	c.qmu.Lock()
-	if !c.qshut {
+	if !c.qshut && !c.wended {
 		c.q = append(c.q, qframe{frame, rest})
 		c.qbytes += len(frame) + len(rest)
 		c.qpeak = max(c.qpeak, c.qbytes)
@@ -128,7 +128,9 @@ func (c *sconn) writeLoop() {
 				err = c.fc.write(f.b)
 			}
 			if err != nil {
-				c.nc.Close()
+				// The connection is broken; its reader finds out from
+				// the socket, after what the rank sent before, its leave
+				// perhaps. Closing the connection here would cut that.
 				return
 			}
 			c.qmu.Lock()
@@ -167,8 +169,8 @@ func (c *sconn) shut(grace time.Duration) {
 }
 
 // waitQueue returns once at most maxQueued bytes are queued for the rank,
-// or the connection is shut or its writer has ended (a read then finds the
-// connection closed). If it has to wait it first calls paused, outside
+// or the connection is shut or its writer has ended (the connection is
+// broken: a read then fails, once the rank's last requests are read). If it has to wait it first calls paused, outside
 // the lock, with the bytes queued. The connection's reader calls it
 // before each request it reads: this is the server's backpressure.
 func (c *sconn) waitQueue(paused func(queued int)) {
