@@ -278,6 +278,9 @@ func (c *Client) Close() error {
 			c.nc.SetWriteDeadline(time.Now().Add(closeTimeout))
 			err = c.fc.send(&msgLeave{})
 		}
+		// The client ends before another call (or Close) can write, for
+		// the server takes anything after the leave for a bad message.
+		c.fail(ErrClosed)
 		c.wmu.Unlock()
 		if err != nil {
 			err = fmt.Errorf("bootstrap: close: leave: %w", err)
