@@ -236,6 +236,9 @@ func (a *agent) endRanks(asked bool) {
 	a.mu.Lock()
 	for _, p := range a.ranks {
 		p.signal(termSignal, asked)
+		// A rank stopped (a forwarded SIGTSTP) acts on SIGTERM once
+		// continued, not at the SIGKILL after the grace period.
+		p.signal(syscall.SIGCONT, asked)
 	}
 	a.mu.Unlock()
 	t := time.NewTimer(a.spec.Grace)

@@ -40,7 +40,7 @@ const (
 	msgFail      = "fail"      // agent: it cannot go on: Err
 	msgTerm      = "term"      // launcher: SIGTERM the ranks, SIGKILL after the grace period
 	msgKill      = "kill"      // launcher: SIGKILL the ranks now
-	msgSignal    = "signal"    // launcher: send Signal (SIGUSR1, SIGUSR2) to the ranks
+	msgSignal    = "signal"    // launcher: send Signal (SIGUSR1, SIGUSR2, SIGTSTP, SIGCONT) to the ranks
 	msgBye       = "bye"       // launcher: the job is over; stop the device and exit
 )
 

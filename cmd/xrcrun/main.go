@@ -48,9 +48,12 @@ func main() {
 	}()
 	var stdout, stderr io.Writer = os.Stdout, os.Stderr
 	if len(os.Args) > 1 && commands[os.Args[1]] == nil { // a launch, not a command
-		// SIGUSR1 and SIGUSR2 are forwarded to the ranks, as mpirun does.
+		// SIGUSR1, SIGUSR2, SIGTSTP and SIGCONT are forwarded to the
+		// ranks, as mpirun does. The ranks lead process groups of their
+		// own, which the terminal's SIGTSTP (Ctrl-Z) does not reach:
+		// unhandled, it stopped xrcrun and the ranks ran on.
 		fwd := make(chan os.Signal, 4)
-		signal.Notify(fwd, syscall.SIGUSR1, syscall.SIGUSR2)
+		signal.Notify(fwd, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGTSTP, syscall.SIGCONT)
 		ctx = withForward(ctx, fwd)
 		// A closed stdout or stderr (xrcrun ... | head -1) ends the job as
 		// SIGINT does, with its cleanup: SIGPIPE, unhandled, killed the

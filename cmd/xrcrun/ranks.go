@@ -249,10 +249,12 @@ func startFailureCode(err error) int {
 }
 
 // forward sends sig, which the launcher got and forwards (SIGUSR1,
-// SIGUSR2), to every running rank's process group. A rank it kills failed,
-// as one killed by the user would.
+// SIGUSR2, SIGTSTP, SIGCONT), to every running rank's process group. A
+// rank it kills failed, as one killed by the user would.
 func (a *agent) forward(sig syscall.Signal) {
-	if sig != syscall.SIGUSR1 && sig != syscall.SIGUSR2 {
+	switch sig {
+	case syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGTSTP, syscall.SIGCONT:
+	default:
 		a.log.Warn("not a signal to forward", "signal", int(sig))
 		return
 	}

@@ -156,3 +156,55 @@ func TestStartFailureCode(t *testing.T) {
 		}
 	}
 }
+
+// TestLaunchForwardStop: SIGTSTP (Ctrl-Z) and SIGCONT sent to xrcrun are
+// forwarded to the ranks, as mpirun does. Ranks lead process groups of
+// their own, so the terminal's SIGTSTP reaches only xrcrun: unhandled, it
+// stopped xrcrun and the ranks ran on. A job ended while its ranks are
+// stopped ends at once, not after the grace period: the ranks get SIGCONT
+// after SIGTERM.
+func TestLaunchForwardStop(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	prog := dir + "/stop.sh"
+	if err := os.WriteFile(prog, []byte("#!/bin/sh\necho pid $$\nexec sleep 600\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	j := startJob(t, dir, nil, "-n", "2", "--grace", "10m", prog)
+	var pids []int
+	for _, l := range j.waitLines(2, regexp.MustCompile(`^pid \d+$`), time.Minute) {
+		var pid int
+		fmt.Sscanf(l, "pid %d", &pid)
+		pids = append(pids, pid)
+	}
+	// state waits until every rank is (or is not) stopped.
+	state := func(stopped bool) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+			n := 0
+			for _, pid := range pids {
+				b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+				f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+				if len(f) > 0 && (f[0] == "T") == stopped {
+					n++
+				}
+			}
+			if n == len(pids) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("ranks %v not stopped=%v within a minute\nstderr:\n%s", pids, stopped, j.stderr.String())
+			}
+		}
+	}
+	j.cmd.Process.Signal(syscall.SIGTSTP)
+	state(true)
+	j.cmd.Process.Signal(syscall.SIGCONT)
+	state(false)
+	j.cmd.Process.Signal(syscall.SIGTSTP)
+	state(true)
+	j.cmd.Process.Signal(syscall.SIGINT)
+	if st := j.wait(time.Minute); st != 130 {
+		t.Errorf("exit status %d, want 130\n%s", st, j.stderr.String())
+	}
+}

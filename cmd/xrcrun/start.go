@@ -205,8 +205,8 @@ func (l *procLog) said() string {
 	return ": " + strings.Join(lines[max(0, len(lines)-5):], "; ")
 }
 
-// forwardSignals passes the signals main forwards (SIGUSR1, SIGUSR2), if
-// any, to the loop, which sends them to the ranks.
+// forwardSignals passes the signals main forwards (SIGUSR1, SIGUSR2,
+// SIGTSTP, SIGCONT), if any, to the loop, which sends them to the ranks.
 func (j *job) forwardSignals(ctx context.Context) {
 	sigs, _ := ctx.Value(forwardKey{}).(<-chan os.Signal)
 	if sigs == nil {
