@@ -98,7 +98,10 @@ func TestEnvFlag(t *testing.T) {
 		}
 	}
 	env := map[string]string{"A": "1", "B": "ignored"}
-	got := e.resolve(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	got, missing := e.resolve(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if len(missing) != 1 || missing[0] != "C" {
+		t.Errorf("missing %q, want [C]", missing)
+	}
 	want := []string{"A=1", "B=2", "D=x=y"}
 	if len(got) != len(want) {
 		t.Fatalf("got %q, want %q", got, want)
@@ -370,5 +373,20 @@ func TestBroadcastDoesNotWait(t *testing.T) {
 		if err != nil || m.T != want {
 			t.Fatalf("the agent that reads got %+v, %v; want %s", m, err, want)
 		}
+	}
+}
+
+// TestEnvFlagNotSet: -x VAR for a VAR that xrcrun's environment does not
+// have passes nothing, and says so, as mpirun does ("Warning: could not
+// find environment variable"); a misspelt name went unnoticed.
+func TestEnvFlagNotSet(t *testing.T) {
+	t.Parallel()
+	_, rank := tools(t)
+	j := startJob(t, ".", nil, "-n", "1", "-x", "XRC_TEST_NOT_SET", "-x", "XRC_TEST_SET=1", rank)
+	if st := j.wait(time.Minute); st != 0 {
+		t.Fatalf("exit status %d\n%s", st, j.stderr.String())
+	}
+	if s := j.stderr.String(); !strings.Contains(s, "-x XRC_TEST_NOT_SET: not set") || strings.Contains(s, "XRC_TEST_SET") {
+		t.Errorf("stderr %q: want a warning about -x XRC_TEST_NOT_SET only", s)
 	}
 }

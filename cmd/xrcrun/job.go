@@ -209,9 +209,13 @@ func (j *job) controlHost(ctx context.Context) (string, error) {
 // machine.
 func (j *job) makeSpec() (agentSpec, func(), error) {
 	cwd, _ := os.Getwd()
+	env, missing := j.cfg.env.resolve(os.LookupEnv)
+	for _, name := range missing { // as mpirun warns: a misspelt name is not silently dropped
+		fmt.Fprintf(j.stderr, "xrcrun: warning: -x %s: not set in this environment; not passed to the ranks\n", name)
+	}
 	s := agentSpec{
 		JobID: j.id, Bootstrap: j.rdv.Addr(), Size: len(j.place.Node),
-		Program: j.program, Args: j.cfg.args, Dir: cwd, Env: j.cfg.env.resolve(os.LookupEnv),
+		Program: j.program, Args: j.cfg.args, Dir: cwd, Env: env,
 		Transport: j.cfg.transport, Connect: j.cfg.connect, Grace: j.cfg.grace,
 		Faults: j.cfg.faults, Nodes: len(j.place.Nodes),
 	}

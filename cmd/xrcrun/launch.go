@@ -66,17 +66,18 @@ func (e *envFlag) Set(v string) error {
 }
 
 // resolve turns -x entries into NAME=value, taking values not given from
-// getenv; names not set anywhere are left out.
-func (e envFlag) resolve(getenv func(string) (string, bool)) []string {
-	var out []string
+// getenv; names not set anywhere are left out, and listed in missing.
+func (e envFlag) resolve(getenv func(string) (string, bool)) (out, missing []string) {
 	for _, v := range e {
 		if strings.Contains(v, "=") {
 			out = append(out, v)
 		} else if val, ok := getenv(v); ok {
 			out = append(out, v+"="+val)
+		} else {
+			missing = append(missing, v)
 		}
 	}
-	return out
+	return out, missing
 }
 
 func launchFlags(stderr io.Writer) (*flag.FlagSet, *launchConfig) {
