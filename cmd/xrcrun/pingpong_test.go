@@ -26,55 +26,83 @@ import (
 // SIGINT, must exit 0 and leave no socket.
 func startHCAProcess(t *testing.T, xrcrun, dir, name string) {
 	t.Helper()
+	h := serveHCAProcess(t, xrcrun, dir, name)
+	t.Cleanup(func() {
+		h.cmd.Process.Signal(os.Interrupt)
+		select {
+		case err := <-h.exited:
+			if err != nil {
+				t.Errorf("xrcrun hca %s after SIGINT: %v\n%s", name, err, h.stderr.String())
+			}
+		case <-time.After(time.Minute):
+			h.cmd.Process.Kill()
+			t.Errorf("xrcrun hca %s still runs a minute after SIGINT\n%s", name, h.stderr.String())
+			<-h.exited
+		}
+		if _, err := os.Stat(h.sock); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("xrcrun hca %s left its socket: %v", name, err)
+		}
+	})
+}
+
+// hcaProcess is an `xrcrun hca` process that serves: exited gets its
+// Wait's result, sock is its socket's path.
+type hcaProcess struct {
+	cmd    *exec.Cmd
+	exited chan error
+	stderr *lockedBuffer
+	sock   string
+}
+
+// serveHCAProcess starts `xrcrun hca` serving device name in dir, on a
+// free loopback address (it tries others while the one it drew is taken),
+// and returns once its socket is there. The process dies with the test's
+// (Pdeathsig); ending it is the caller's.
+func serveHCAProcess(t *testing.T, xrcrun, dir, name string) *hcaProcess {
+	t.Helper()
+	sock := filepath.Join(dir, name+".sock")
 	for range 20 {
 		addr := fmt.Sprintf("127.0.%d.%d", 100+rand.IntN(100), 1+rand.IntN(250))
-		var stderr lockedBuffer
-		cmd := exec.Command(xrcrun, "hca", "--name", name, "--addr", addr)
-		cmd.Env = append(os.Environ(), softhca.RuntimeDirEnv+"="+dir)
-		cmd.Stderr = &stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
+		h := &hcaProcess{cmd: exec.Command(xrcrun, "hca", "--name", name, "--addr", addr),
+			exited: make(chan error, 1), stderr: &lockedBuffer{}, sock: sock}
+		h.cmd.Env = append(os.Environ(), softhca.RuntimeDirEnv+"="+dir)
+		h.cmd.Stderr = h.stderr
+		h.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := h.cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		sock := filepath.Join(dir, name+".sock")
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-			select {
-			case err := <-exited:
-				if strings.Contains(stderr.String(), "address already in use") {
-					goto next
-				}
-				t.Fatalf("xrcrun hca %s: %v\n%s", name, err, stderr.String())
-			default:
-			}
-			if _, err := os.Stat(sock); err == nil {
-				t.Cleanup(func() {
-					cmd.Process.Signal(os.Interrupt)
-					select {
-					case err := <-exited:
-						if err != nil {
-							t.Errorf("xrcrun hca %s after SIGINT: %v\n%s", name, err, stderr.String())
-						}
-					case <-time.After(time.Minute):
-						cmd.Process.Kill()
-						t.Errorf("xrcrun hca %s still runs a minute after SIGINT\n%s", name, stderr.String())
-						<-exited
-					}
-					if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
-						t.Errorf("xrcrun hca %s left its socket: %v", name, err)
-					}
-				})
-				return
-			}
-			if time.Now().After(deadline) {
-				cmd.Process.Kill()
-				t.Fatalf("xrcrun hca %s does not serve\n%s", name, stderr.String())
-			}
+		go func() { h.exited <- h.cmd.Wait() }()
+		if serving(t, h, name) {
+			return h
 		}
-	next:
 	}
 	t.Fatal("no free loopback address")
+	return nil
+}
+
+// serving waits for h's socket; it reports false if h exited because its
+// address was taken, and fails the test if it exited otherwise or does not
+// serve within a minute.
+func serving(t *testing.T, h *hcaProcess, name string) bool {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+		select {
+		case err := <-h.exited:
+			if strings.Contains(h.stderr.String(), "address already in use") {
+				return false
+			}
+			t.Fatalf("xrcrun hca %s: %v\n%s", name, err, h.stderr.String())
+		default:
+		}
+		if _, err := os.Stat(h.sock); err == nil {
+			return true
+		}
+		if time.Now().After(deadline) {
+			h.cmd.Process.Kill()
+			<-h.exited
+			t.Fatalf("xrcrun hca %s does not serve\n%s", name, h.stderr.String())
+		}
+	}
 }
 
 // lockedBuffer is a bytes.Buffer that exec may write while a test reads.
