@@ -444,10 +444,25 @@ func (c *Comm) Finalize(ctx context.Context) error {
 }
 
 // Abort ends the job: every rank's pending and later calls fail, and the
-// launcher stops the ranks. This process exits with code.
+// launcher stops the ranks. This process exits with code, after the
+// rendezvous server has spread the abort, or when ctx ends, or after
+// abortWait at most: the process's end, which the server and the
+// launcher see, ends the job too.
 func (c *Comm) Abort(ctx context.Context, code int, reason string) {
-	c.boot.Abort(ctx, fmt.Sprintf("rank %d: %s (code %d)", c.ranks[c.rank], reason, code))
+	c.abortJob(ctx, code, reason)
 	os.Exit(code)
+}
+
+// abortWait bounds how long Abort waits for the rendezvous server: a
+// server that does not answer (stalled, or not reading this rank's
+// requests) must not keep an aborting process alive.
+var abortWait = 10 * time.Second
+
+// abortJob is Abort without its exit.
+func (c *Comm) abortJob(ctx context.Context, code int, reason string) error {
+	ctx, cancel := context.WithTimeout(ctx, abortWait)
+	defer cancel()
+	return c.boot.Abort(ctx, fmt.Sprintf("rank %d: %s (code %d)", c.ranks[c.rank], reason, code))
 }
 
 func (c *Comm) checkPeer(r int, what string) error {
