@@ -83,6 +83,10 @@ type Endpoint struct {
 	// (WatchEvents appends; guarded by qpErrMu).
 	qpErrMu sync.Mutex
 	qpErrs  []qpErr
+	// errsNew says qpErrs or devErr changed since Progress last looked
+	// (set and cleared under qpErrMu), so that Progress, on the data
+	// path, takes the lock only when there is something to apply.
+	errsNew atomic.Bool
 	// devErr is the event that ended all of the rank's traffic
 	// (DEVICE_FATAL, or CQ_ERR of its CQ), valid once dead is closed; set
 	// by WatchEvents (guarded by qpErrMu). devApplied says Progress took
@@ -232,6 +236,7 @@ func (e *Endpoint) isDead() bool {
 func (e *Endpoint) devFailure(ev verbs.EventType) {
 	e.qpErrMu.Lock()
 	defer e.qpErrMu.Unlock()
+	e.errsNew.Store(true)
 	if !e.isDead() {
 		e.devErr = ev
 		close(e.dead)

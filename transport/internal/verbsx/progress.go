@@ -99,6 +99,7 @@ type qpErr struct {
 func (e *Endpoint) qpFailed(qpn uint32, ev verbs.EventType) {
 	e.qpErrMu.Lock()
 	e.qpErrs = append(e.qpErrs, qpErr{qpn, ev})
+	e.errsNew.Store(true)
 	e.qpErrMu.Unlock()
 }
 
@@ -113,7 +114,11 @@ func (e *Endpoint) qpFailed(qpn uint32, ev verbs.EventType) {
 // calls toward it fail too, as the peer's own INI QP, refused, failed
 // (FailPeer). A QP of neither (closed since) is ignored.
 func (e *Endpoint) applyQPErrs() {
+	if !e.errsNew.Load() {
+		return
+	}
 	e.qpErrMu.Lock()
+	e.errsNew.Store(false)
 	errs := e.qpErrs
 	e.qpErrs = nil
 	dev, failAll := e.devErr, e.isDead() && !e.devApplied
