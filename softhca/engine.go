@@ -564,9 +564,11 @@ func (d *Device) transmit(ps []*roce.Packet, c *pktCache) {
 		return
 	}
 	d.counters.XmitPackets.Add(uint64(len(ps)))
+	var words uint64
 	for _, p := range ps {
-		d.counters.XmitData.Add(d.wireWords(p))
+		words += d.wireWords(p)
 	}
+	d.counters.XmitData.Add(words)
 	d.link.sendBatch(ps, c)
 }
 
