@@ -21,7 +21,9 @@ type request struct {
 	outLen int    // room for the response (core and driver)
 
 	// mapped is, for REG_MR, what the client's /proc/<pid>/maps said of
-	// the region, read before d.mu was taken (prepare); nil if not read.
+	// the region, read before d.mu was taken (prepare); nil for other
+	// commands, and for a payload too short to parse, which the handler
+	// refuses before it looks.
 	mapped *mapCheck
 }
 
@@ -35,7 +37,7 @@ type mapCheck struct {
 // take long, before the command takes d.mu, which every client and the
 // engine wait for: REG_MR's read of the client's memory map.
 func (r *request) prepare() {
-	if r.op != uverbs.CmdRegMR || r.ext {
+	if r.op != uverbs.CmdRegMR { // run has refused extended commands
 		return
 	}
 	req, _, err := payload[uverbs.RegMR](r)

@@ -171,11 +171,7 @@ func (d *Device) cmdRegMR(r *request) ([]byte, error) {
 	if len(d.mrs) >= maxMR {
 		return nil, unix.Error(unix.ENOMEM, "too many memory regions")
 	}
-	mc := r.mapped
-	if mc == nil { // not prepared: read the map now
-		mc = new(mapCheck)
-		mc.fm, mc.err = r.c.mem.mapping(req.Start, req.Length, regMRWrites(req.AccessFlags))
-	}
+	mc := r.mapped // read by run's prepare, which parsed the same payload
 	if mc.err != nil {
 		return nil, mc.err
 	}
