@@ -173,7 +173,7 @@ func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, onePor
 		if verbose {
 			q("max_msg_sz", "0x%x", pa.MaxMsgSz)
 			q("port_cap_flags", "0x%08x", pa.PortCapFlags)
-			q("max_vl_num", "%s (%d)", vlName(pa.MaxVLNum), pa.MaxVLNum)
+			q("max_vl_num", "%s (%d)", vlNames.of(pa.MaxVLNum), pa.MaxVLNum)
 			q("bad_pkey_cntr", "0x%x", pa.BadPkeyCntr)
 			q("qkey_viol_cntr", "0x%x", pa.QkeyViolCntr)
 			q("sm_sl", "%d", pa.SMSL)
@@ -181,9 +181,9 @@ func printDevice(ctx context.Context, w io.Writer, info verbs.DeviceInfo, onePor
 			q("gid_tbl_len", "%d", pa.GIDTblLen)
 			q("subnet_timeout", "%d", pa.SubnetTimeout)
 			q("init_type_reply", "%d", 0)
-			q("active_width", "%sX (%d)", widthName(pa.ActiveWidth), pa.ActiveWidth)
-			q("active_speed", "%s (%d)", speedName(pa.ActiveSpeed), pa.ActiveSpeed)
-			q("phys_state", "%s (%d)", physStateName(pa.PhysState), pa.PhysState)
+			q("active_width", "%sX (%d)", widthNames.of(pa.ActiveWidth), pa.ActiveWidth)
+			q("active_speed", "%s (%d)", speedNames.of(pa.ActiveSpeed), pa.ActiveSpeed)
+			q("phys_state", "%s (%d)", physStateNames.of(pa.PhysState), pa.PhysState)
 			printGID(w, info, port, pa)
 			if counters, err := portCounters(ctx, info, port); err != nil {
 				fmt.Fprintf(w, "\t\t\tcounters:\t\tunavailable: %v\n", err)
@@ -268,36 +268,28 @@ func atomicName(a verbs.AtomicCap) string {
 }
 
 // The names ibv_devinfo -v gives a port's encoded values (IBTA encodings
-// of PortInfo).
+// of PortInfo), and what it says of a value it has no name for.
+var (
+	vlNames    = portNames{map[uint8]string{1: "1", 2: "2", 3: "4", 4: "8", 5: "15"}, "invalid value"}
+	widthNames = portNames{map[uint8]string{1: "1", 2: "4", 4: "8", 8: "12", 16: "2"}, "invalid width"}
+	speedNames = portNames{map[uint8]string{1: "2.5 Gbps", 2: "5.0 Gbps", 4: "10.0 Gbps", 8: "10.0 Gbps",
+		16: "14.0 Gbps", 32: "25.0 Gbps", 64: "50.0 Gbps", 128: "100.0 Gbps"}, "invalid speed"}
+	physStateNames = portNames{map[uint8]string{1: "SLEEP", 2: "POLLING", 3: "DISABLED",
+		4: "PORT_CONFIGURATION TRAINNING", // ibv_devinfo's spelling
+		5: "LINK_UP", 6: "LINK_ERROR_RECOVERY", 7: "PHY TEST"}, "invalid physical state"}
+)
 
-func vlName(n uint8) string {
-	if v, ok := map[uint8]string{1: "1", 2: "2", 3: "4", 4: "8", 5: "15"}[n]; ok {
-		return v
-	}
-	return "invalid value"
+// portNames names the values of one encoded port attribute.
+type portNames struct {
+	names   map[uint8]string
+	invalid string
 }
 
-func widthName(w uint8) string {
-	if v, ok := map[uint8]string{1: "1", 2: "4", 4: "8", 8: "12", 16: "2"}[w]; ok {
-		return v
+func (n portNames) of(v uint8) string {
+	if s, ok := n.names[v]; ok {
+		return s
 	}
-	return "invalid width"
-}
-
-func speedName(s uint8) string {
-	if v, ok := map[uint8]string{1: "2.5 Gbps", 2: "5.0 Gbps", 4: "10.0 Gbps", 8: "10.0 Gbps", 16: "14.0 Gbps",
-		32: "25.0 Gbps", 64: "50.0 Gbps", 128: "100.0 Gbps"}[s]; ok {
-		return v
-	}
-	return "invalid speed"
-}
-
-func physStateName(s uint8) string {
-	if v, ok := map[uint8]string{1: "SLEEP", 2: "POLLING", 3: "DISABLED", 4: "PORT_CONFIGURATION TRAINNING",
-		5: "LINK_UP", 6: "LINK_ERROR_RECOVERY", 7: "PHY TEST"}[s]; ok {
-		return v // TRAINNING: ibv_devinfo's spelling
-	}
-	return "invalid physical state"
+	return n.invalid
 }
 
 // sysfsClass is where the kernel shows its RDMA devices (tests change it).
